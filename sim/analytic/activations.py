@@ -1,0 +1,112 @@
+"""Activation memory: the ZeRO paper's rough estimate, Korthikanti et al.'s per-layer
+formula, a saved-tensor count for any catalog model, and partitioned checkpoints (P_a).
+
+All sizes are bytes of 16-bit activations unless stated; s = sequence length,
+b = micro-batch, h = hidden, a = heads, t = tensor-parallel degree, L = layers.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from sim.model import Family, ModelSpec
+
+
+class Recompute(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"  # attention core recomputed (Korthikanti Sec. 5); = FlashAttention
+    FULL = "full"            # only each block's input is kept
+
+
+def zero_paper_activation_bytes(layers: int, hidden: int, seq_len: int, batch: int) -> float:
+    """ZeRO paper Sec. 3.2 rough estimate, ~ 12 * L * h * s * b fp16 values.
+
+    The paper gives only the proportionality (layers x hidden x sequence x batch) and one
+    number: ~60 GB for GPT-2 1.5B (L 48, h 1600, s 1024, b 32); the constant 12 elements
+    (24 bytes) per L*h*s*b is the one that reproduces it (60.4 GB). It ignores the
+    attention-score term that Korthikanti et al. count.
+    """
+    return 24.0 * layers * hidden * seq_len * batch
+
+
+def korthikanti_layer_bytes(seq_len: int, batch: int, hidden: int, heads: int, *, tp: int = 1,
+                            sequence_parallel: bool = False,
+                            recompute: Recompute = Recompute.NONE) -> float:
+    """Per-layer activations of a GPT block (Korthikanti et al., arXiv 2205.05198, Table 2).
+
+    none, no TP:        s b h (34 + 5 a s / h)
+    TP t:               s b h (10 + 24/t + 5 a s / (h t))
+    TP t + seq. par.:   s b h (34 + 5 a s / h) / t
+    selective:          the 5 a s / h term disappears
+    full:               2 s b h (the block input), / t with sequence parallelism
+    """
+    sbh = seq_len * batch * hidden
+    if recompute is Recompute.FULL:
+        return 2.0 * sbh / (tp if sequence_parallel else 1)
+    scores = 0.0 if recompute is Recompute.SELECTIVE else 5.0 * heads * seq_len / hidden
+    if sequence_parallel:
+        return sbh * (34.0 + scores) / tp
+    return sbh * (10.0 + 24.0 / tp + scores / tp)
+
+
+def layer_activation_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1,
+                           sequence_parallel: bool = False,
+                           recompute: Recompute = Recompute.NONE) -> float:
+    """Saved tensors of one block of `m`, summed the way Korthikanti et al. do (bytes).
+
+    Per token: replicated across TP (unless sequence parallel) are the two norm inputs
+    (2h each), the QKV and MLP inputs (2h each) and, with dropout (GPT family), two
+    dropout masks (h each). Split by TP: Q, K, V (2(q + 2kv)), the output-projection
+    input (2q) and the MLP intermediates (plain: GeLU input + fc2 input, 4I; gated, as
+    HF's unfused SwiGLU: gate, silu(gate), up, product, 8I). Attention core: softmax
+    output 2as, plus mask as and dropout output 2as with dropout. For GPT-2 shapes this
+    is exactly 34 s b h + 5 a s^2 b. MoE layers keep the top-k experts' intermediates.
+    """
+    h, s, b = m.hidden, seq_len, batch
+    if recompute is Recompute.FULL:
+        return 2.0 * s * b * h / (tp if sequence_parallel else 1)
+    dropout = m.family is Family.GPT2
+    replicated = 8 * h + (2 * h if dropout else 0)
+    intermediates = (8 if m.gated_mlp else 4) * m.ffn_hidden * min(m.experts_per_token, m.experts)
+    split = 2 * (m.q_dim + 2 * m.kv_dim) + 2 * m.q_dim + intermediates
+    core = 0.0 if recompute is Recompute.SELECTIVE else (5 if dropout else 2) * m.heads * s
+    per_token = (replicated + split + core) / tp if sequence_parallel else replicated + (split + core) / tp
+    return per_token * s * b
+
+
+def recompute_working_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1,
+                            sequence_parallel: bool = False, recompute: Recompute) -> float:
+    """Extra live bytes while one block is recomputed in backward (full recompute only)."""
+    if recompute is not Recompute.FULL:
+        return 0.0
+    return layer_activation_bytes(m, seq_len, batch, tp=tp, sequence_parallel=sequence_parallel)
+
+
+def outside_layers_activation_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1) -> float:
+    """Embedding dropout mask (GPT), final-norm and head inputs (2sbh each) and fp32
+    logits for the loss (4 s b V / t, vocab-parallel) - Korthikanti et al. Sec. 4.3."""
+    s, b, h = seq_len, batch, m.hidden
+    mask = s * b * h if m.family is Family.GPT2 else 0
+    return mask + 4.0 * s * b * h + 4.0 * s * b * m.vocab / tp
+
+
+def inflight_microbatches(pp: int, grad_accum: int, stage: int = 0) -> int:
+    """Micro-batches whose activations pipeline stage `stage` holds at once under 1F1B:
+    min(pp - stage, m) (Narayanan et al., arXiv 2104.04473 Sec. 2.2)."""
+    return max(1, min(pp - stage, grad_accum))
+
+
+def checkpoint_bytes(layers: int, seq_len: int, batch: int, hidden: int, *, tp: int = 1,
+                     partitioned: bool = False) -> float:
+    """Activation checkpoints, one 2 s b h input per layer (ZeRO paper Sec. 6.1, P_a).
+
+    Without P_a each of the t model-parallel ranks keeps a full replica; with P_a each
+    keeps 1/t. 100B example (L 125, h 8192, s 1024, b 32): 62.5 GiB, 3.9 GiB at t = 16.
+    """
+    total = 2.0 * layers * seq_len * batch * hidden
+    return total / tp if partitioned else total
+
+
+def pa_allgather_bytes_per_layer(seq_len: int, batch: int, hidden: int) -> float:
+    """P_a: the full checkpoint of one layer re-assembled before its recompute (2 s b h)."""
+    return 2.0 * seq_len * batch * hidden

@@ -1,0 +1,32 @@
+"""How tensor and pipeline parallelism split a model's parameters across ranks.
+
+Megatron layout (Shoeybi et al., arXiv 1909.08053; Narayanan et al., arXiv 2104.04473):
+Linear weights of a block are split t ways (column / row parallel) while norms stay
+replicated; the embedding and the lm_head are vocab-parallel (split t ways); stage 0
+holds the embedding, the last stage the final norm and head (a tied head keeps its own
+copy of the embedding on the last stage when pp > 1); each stage holds L/pp blocks.
+"""
+
+from __future__ import annotations
+
+from sim.analytic.params import embedding_params, layer_params, norm_params
+from sim.model import ModelSpec, Position
+
+
+def block_params_per_rank(m: ModelSpec, tp: int) -> float:
+    """One block's parameters on one TP rank: Linear weights / t, two norms replicated."""
+    norms = 2 * norm_params(m)
+    return (layer_params(m) - norms) / tp + norms
+
+
+def params_per_stage(m: ModelSpec, tp: int, pp: int) -> list[float]:
+    """Parameters held by one rank of each pipeline stage (first to last)."""
+    blocks = m.layers // pp * block_params_per_rank(m, tp)
+    stages = [blocks for _ in range(pp)]
+    positions = m.max_positions * m.hidden if m.position is Position.LEARNED else 0
+    stages[0] += (embedding_params(m) - positions) / tp + positions
+    head = m.vocab * m.hidden / tp
+    if m.tied_embeddings and pp == 1:
+        head = 0.0
+    stages[-1] += norm_params(m) + head
+    return stages

@@ -1,0 +1,112 @@
+"""The `zerosim` command: argparse subcommands that call plain functions.
+
+Exit status (design.md): 0 done and fits; 3 computed but does not fit; 2 bad input,
+with a one-line message on stderr naming the file and key. Only this module writes output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from sim.analytic.memory import Convention
+from sim.catalog import KINDS, catalog_names
+from sim.errors import InputError, allowed
+from sim.memory_report import quick_report, scenario_report
+from sim.memory_text import format_memory
+from sim.scenario import load_scenario
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 2, 3
+_SIZE = re.compile(r"^\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_SIZE_UNITS = {"": 1.0, "B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
+               "KIB": 2.0**10, "MIB": 2.0**20, "GIB": 2.0**30, "TIB": 2.0**40}
+_COUNT_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+def parse_quantity(text: str, units: dict[str, float], flag: str) -> float:
+    """'32GB' -> 3.2e10, '7.5B' -> 7.5e9; anything else is an InputError naming the flag."""
+    match = _SIZE.match(text)
+    unit = match.group(2).upper() if match else None
+    if not match or unit not in units:
+        raise InputError("command line", flag, f"cannot read {text!r}; a number with an optional "
+                         f"unit, {allowed(k for k in units if k)}")
+    return float(match.group(1)) * units[unit]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="zerosim", description="Performance simulator for "
+                                     "distributed LLM training (DeepSpeed ZeRO, FSDP2, 3D parallelism).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    mem = sub.add_parser("memory", help="per-GPU memory by ZeRO stage and component; largest model",
+                         description="Per-GPU memory table for a scenario, or for --params/--dp.")
+    mem.add_argument("scenario", nargs="?", help="scenario TOML file")
+    mem.add_argument("--params", help="parameter count for a quick question, e.g. 7.5e9 or 7.5B")
+    mem.add_argument("--dp", type=int, default=1, help="data-parallel degree (with --params)")
+    mem.add_argument("--gpu-memory", help="device memory, e.g. 32GB or 80GiB (with --params)")
+    mem.add_argument("--largest-module", help="largest module's parameters (deepspeed convention, stage 3)")
+    mem.add_argument("--k", type=float, default=12.0, help="optimizer bytes per parameter K (paper)")
+    mem.add_argument("--convention", choices=[c.value for c in Convention], default=None,
+                     help="paper (K = 12), lecture (20 B/param), deepspeed (its estimators) or "
+                          "allocated (what the engine holds); default: allocated for a "
+                          "scenario, paper for --params")
+    mem.add_argument("--fragmentation", type=float, default=0.0,
+                     help="allocator fragmentation allowance as a fraction of activations + buffers")
+    mem.add_argument("--json", action="store_true", help="print one JSON object")
+    cat = sub.add_parser("catalog", help="list bundled models, hardware and scenarios")
+    cat.add_argument("kind", nargs="?", choices=KINDS)
+    return parser
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    if (args.scenario is None) == (args.params is None):
+        raise InputError("command line", "scenario", "give either a scenario file or --params (exactly one)")
+    if args.scenario is not None:
+        for flag in ("gpu_memory", "largest_module"):
+            if getattr(args, flag) is not None:
+                raise InputError("command line", "--" + flag.replace("_", "-"),
+                                 "only with --params (a scenario names its cluster and model)")
+        convention = Convention(args.convention or "allocated")
+        report = scenario_report(load_scenario(Path(args.scenario)), convention=convention,
+                                 fragmentation=_fraction(args.fragmentation))
+    else:
+        if args.dp < 1:
+            raise InputError("command line", "--dp", f"must be >= 1, got {args.dp}")
+        memory = parse_quantity(args.gpu_memory, _SIZE_UNITS, "--gpu-memory") if args.gpu_memory else None
+        largest = parse_quantity(args.largest_module, _COUNT_UNITS, "--largest-module") if args.largest_module else 0.0
+        report = quick_report(parse_quantity(args.params, _COUNT_UNITS, "--params"), args.dp,
+                              convention=Convention(args.convention or "paper"),
+                              device_memory=memory, k=args.k, largest_module=largest)
+    print(json.dumps(report.to_json(), indent=2) if args.json else format_memory(report))
+    return EXIT_DOES_NOT_FIT if report.fits is False else EXIT_OK
+
+
+def _fraction(value: float) -> float:
+    if not 0 <= value < 1:
+        raise InputError("command line", "--fragmentation", f"must be in [0, 1), got {value}")
+    return value
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    for kind in [args.kind] if args.kind else KINDS:
+        print(f"{kind}: {', '.join(catalog_names(kind))}")
+    return EXIT_OK
+
+
+COMMANDS = {"memory": cmd_memory, "catalog": cmd_catalog}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except InputError as error:
+        print(f"zerosim: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""A DeepSpeed `ds_config.json`, read as DeepSpeed reads it, and DeepSpeed's batch rule.
+
+Top-level keys follow deepspeed/runtime/config.py and constants.py; the
+`zero_optimization` section is `sim.zero_config`. Keys DeepSpeed knows but that do not
+change step time or memory (logging, schedulers, checkpoint I/O) are accepted and
+ignored; keys that would change them in ways we do not model yet are errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.errors import InputError, allowed
+from sim.schema import Key, check_value, read_json
+from sim.zero_config import ZeroConfig, zero_from_dict
+
+ACCEPTED_NOT_MODELLED = {
+    "optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown", "dump_state",
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "comms_logger",
+    "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "memory_breakdown",
+    "prescale_gradients", "gradient_predivide_factor", "seed", "checkpoint", "data_types",
+    "gradient_accumulation_dtype", "train_micro_batch_size_per_gpu", "train_batch_size",
+    "gradient_accumulation_steps", "fp16", "bf16", "bfloat16", "gradient_clipping",
+    "zero_optimization", "communication_data_type", "activation_checkpointing",
+}
+ADAM_LIKE = ("adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeepSpeedSettings:
+    """What a ds_config.json says about a step; batch keys may be None (filled later)."""
+
+    train_batch_size: int | None
+    micro_batch: int | None
+    grad_accum: int | None
+    precision: str                  # 'fp16' | 'bf16' | 'fp32'
+    gradient_clipping: float
+    communication_data_type: str | None
+    partition_activations: bool
+    cpu_checkpointing: bool
+    zero: ZeroConfig
+
+
+def read_deepspeed_config(path: Path, *, hidden: int) -> DeepSpeedSettings:
+    """Parse ds_config.json; `hidden` fills the HF 'auto' bucket sizes."""
+    cfg = read_json(path)
+    unknown = sorted(set(cfg) - ACCEPTED_NOT_MODELLED)
+    if unknown:
+        raise InputError(path, unknown[0], f"not a DeepSpeed key zerosim knows; "
+                         f"{allowed(sorted(ACCEPTED_NOT_MODELLED))}")
+    _check_optimizer(cfg.get("optimizer"), path)
+    ckpt = cfg.get("activation_checkpointing", {})
+    if not isinstance(ckpt, Mapping):
+        raise InputError(path, "activation_checkpointing", "expected an object")
+    zero_raw = cfg.get("zero_optimization", {})
+    if isinstance(zero_raw, bool):  # deprecated form read_zero_config_deprecated
+        zero_raw = {"stage": 1 if zero_raw else 0}
+    return DeepSpeedSettings(
+        train_batch_size=_batch_key(cfg, "train_batch_size", path),
+        micro_batch=_batch_key(cfg, "train_micro_batch_size_per_gpu", path),
+        grad_accum=_batch_key(cfg, "gradient_accumulation_steps", path),
+        precision=_precision(cfg, path),
+        gradient_clipping=check_value(cfg.get("gradient_clipping", 1.0),
+                                      Key("gradient_clipping", float, non_negative=True),
+                                      path, "gradient_clipping"),
+        communication_data_type=_comm_dtype(cfg.get("communication_data_type"), path),
+        partition_activations=bool(ckpt.get("partition_activations", False)),
+        cpu_checkpointing=bool(ckpt.get("cpu_checkpointing", False)),
+        zero=zero_from_dict(zero_raw, path, "zero_optimization.", hidden=hidden),
+    )
+
+
+def resolve_batch(train_batch: int | None, micro: int | None, gas: int | None, dp: int,
+                  source: str | Path, keys: tuple[str, str, str]) -> tuple[int, int, int]:
+    """DeepSpeed's fill-in rule (config.py `_set_batch_related_parameters`) -> (global,
+    micro, accum), with global = micro * accum * dp enforced (`_batch_assertion`).
+
+    `keys` are the names of (global, micro, accum) in the file, for messages.
+    """
+    g_key, m_key, a_key = keys
+    if train_batch is not None and micro is not None and gas is not None:
+        pass
+    elif train_batch is not None and micro is not None:
+        gas = train_batch // micro // dp
+    elif train_batch is not None and gas is not None:
+        micro = train_batch // dp // gas
+    elif micro is not None and gas is not None:
+        train_batch = micro * gas * dp
+    elif train_batch is not None:
+        gas, micro = 1, train_batch // dp
+    elif micro is not None:
+        gas, train_batch = 1, micro * dp
+    else:
+        raise InputError(source, g_key, f"either {g_key} or {m_key} needs to be provided")
+    for key, value in ((g_key, train_batch), (m_key, micro), (a_key, gas)):
+        if value is None or value <= 0:
+            raise InputError(source, key, f"must be > 0 (got {value}) with {g_key}={train_batch}, "
+                             f"{m_key}={micro}, {a_key}={gas}, data-parallel degree {dp}")
+    assert train_batch is not None and micro is not None and gas is not None
+    if train_batch != micro * gas * dp:
+        raise InputError(source, g_key, f"{train_batch} != {m_key} ({micro}) * {a_key} ({gas}) "
+                         f"* data-parallel degree ({dp}) = {micro * gas * dp}")
+    return train_batch, micro, gas
+
+
+def _batch_key(cfg: Mapping[str, Any], key: str, path: Path) -> int | None:
+    value = cfg.get(key)
+    if value is None or value == "auto":
+        return None
+    return check_value(value, Key(key, int, positive=True), path, key)
+
+
+def _precision(cfg: Mapping[str, Any], path: Path) -> str:
+    """fp16.enabled / bf16.enabled (or its alias bfloat16); both on is DeepSpeed's error."""
+    on = []
+    for key, name in (("fp16", "fp16"), ("bf16", "bf16"), ("bfloat16", "bf16")):
+        section = cfg.get(key, {})
+        if not isinstance(section, Mapping):
+            raise InputError(path, key, "expected an object such as {\"enabled\": true}")
+        enabled = section.get("enabled", False)
+        if enabled == "auto":
+            raise InputError(path, f"{key}.enabled", "'auto' is filled in by the HF Trainer; "
+                             "allowed: true, false")
+        if check_value(enabled, Key("enabled", bool), path, f"{key}.enabled"):
+            on.append(name)
+    if len(on) > 1:
+        raise InputError(path, "bf16.enabled", "fp16 and bf16 cannot both be enabled")
+    return on[0] if on else "fp32"
+
+
+def _comm_dtype(value: Any, path: Path) -> str | None:
+    names = {"fp16": "fp16", "bfp16": "bf16", "bf16": "bf16", "fp32": "fp32"}
+    if value is None:
+        return None
+    if value not in names:
+        raise InputError(path, "communication_data_type", f"{value!r}; {allowed(sorted(names))}")
+    return names[value]
+
+
+def _check_optimizer(section: Any, path: Path) -> None:
+    """The memory model assumes Adam-family state (fp32 m and v)."""
+    if section is None:
+        return
+    kind = section.get("type") if isinstance(section, Mapping) else None
+    if not isinstance(kind, str) or kind.lower() not in ADAM_LIKE:
+        raise InputError(path, "optimizer.type", f"{kind!r} is not modelled; allowed: Adam, AdamW")

@@ -1,0 +1,174 @@
+"""Model architecture spec and its module tree (which tensor belongs to which module).
+
+`ModelSpec` is data only. `module_tree()` expands it into the modules a framework
+would build, in forward order, each with its parameter tensors and shapes, named as
+in Hugging Face transformers. The planner needs this: a DeepSpeed ZeRO-3 fetch unit
+is a module that owns parameters (each Linear, Embedding, norm), an FSDP2 unit is a
+transformer block, and both pad per tensor (reference/engines-and-costmodels.md 6.4).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Family(StrEnum):
+    """Module layout. llama: q/k/v/o + gate/up/down (Llama, Mistral, Qwen2);
+    gpt2: fused c_attn + c_fc/c_proj (GPT-2, GPT-3, Turing-NLG); mixtral: llama
+    attention + block_sparse_moe (router `gate` + experts w1/w2/w3)."""
+
+    LLAMA = "llama"
+    GPT2 = "gpt2"
+    MIXTRAL = "mixtral"
+
+
+class Norm(StrEnum):
+    RMSNORM = "rmsnorm"      # weight only
+    LAYERNORM = "layernorm"  # weight and bias
+
+
+class Bias(StrEnum):
+    NONE = "none"  # Llama, Mistral
+    QKV = "qkv"    # Qwen2: bias on q, k, v only
+    ALL = "all"    # GPT-2: every Linear has a bias
+
+
+class Position(StrEnum):
+    ROPE = "rope"        # no parameters
+    LEARNED = "learned"  # an Embedding of max_positions x hidden
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer, as its HF config.json describes it."""
+
+    name: str
+    family: Family
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn_hidden: int
+    vocab: int
+    gated_mlp: bool
+    tied_embeddings: bool
+    norm: Norm
+    bias: Bias
+    position: Position
+    max_positions: int       # only counted when position is LEARNED
+    experts: int = 1         # MoE: experts per layer (1 = dense)
+    experts_per_token: int = 1
+
+    @property
+    def q_dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One parameter tensor."""
+
+    name: str
+    shape: tuple[int, ...]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleSpec:
+    """A module that directly owns parameters (a DeepSpeed ZeRO-3 fetch unit).
+
+    `block` is the transformer layer index, or None for embeddings, final norm and head.
+    `expert` is the expert index inside an MoE layer, else None.
+    """
+
+    name: str
+    kind: str          # 'embedding' | 'linear' | 'norm'
+    block: int | None
+    tensors: tuple[TensorSpec, ...]
+    expert: int | None = None
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel for t in self.tensors)
+
+
+def module_tree(m: ModelSpec) -> list[ModuleSpec]:
+    """Every parameter-owning module in forward order (the lm_head last)."""
+    mods = [_embedding("model.embed_tokens", m.vocab, m.hidden)]
+    if m.position is Position.LEARNED:
+        mods.append(_embedding("model.embed_positions", m.max_positions, m.hidden))
+    for i in range(m.layers):
+        mods += _block(m, i)
+    mods.append(_norm("model.norm", m, None))
+    if not m.tied_embeddings:
+        mods.append(_linear("lm_head", m.vocab, m.hidden, bias=False, block=None))
+    return mods
+
+
+def _block(m: ModelSpec, i: int) -> list[ModuleSpec]:
+    p = f"model.layers.{i}"
+    every = m.bias is Bias.ALL
+    mods = [_norm(f"{p}.input_layernorm", m, i)]
+    if m.family is Family.GPT2:
+        mods.append(_linear(f"{p}.attn.c_attn", m.q_dim + 2 * m.kv_dim, m.hidden, every, i,
+                            conv1d=True))
+        mods.append(_linear(f"{p}.attn.c_proj", m.hidden, m.q_dim, every, i, conv1d=True))
+    else:
+        qkv_bias = m.bias is not Bias.NONE
+        mods.append(_linear(f"{p}.self_attn.q_proj", m.q_dim, m.hidden, qkv_bias, i))
+        mods.append(_linear(f"{p}.self_attn.k_proj", m.kv_dim, m.hidden, qkv_bias, i))
+        mods.append(_linear(f"{p}.self_attn.v_proj", m.kv_dim, m.hidden, qkv_bias, i))
+        mods.append(_linear(f"{p}.self_attn.o_proj", m.hidden, m.q_dim, every, i))
+    mods.append(_norm(f"{p}.post_attention_layernorm", m, i))
+    if m.experts > 1:
+        mods.append(_linear(f"{p}.block_sparse_moe.gate", m.experts, m.hidden, False, i))
+        for e in range(m.experts):
+            mods += _mlp(m, f"{p}.block_sparse_moe.experts.{e}", i, e)
+    else:
+        mods += _mlp(m, f"{p}.mlp", i, None)
+    return mods
+
+
+def _mlp(m: ModelSpec, p: str, i: int, expert: int | None) -> list[ModuleSpec]:
+    every = m.bias is Bias.ALL
+    h, f = m.hidden, m.ffn_hidden
+    if m.family is Family.MIXTRAL:
+        names = [("w1", f, h), ("w3", f, h), ("w2", h, f)]
+    elif m.family is Family.GPT2:
+        names = [("c_fc", f, h), ("c_proj", h, f)]
+    elif m.gated_mlp:
+        names = [("gate_proj", f, h), ("up_proj", f, h), ("down_proj", h, f)]
+    else:
+        names = [("up_proj", f, h), ("down_proj", h, f)]
+    conv1d = m.family is Family.GPT2
+    return [_linear(f"{p}.{n}", out, inp, every, i, expert, conv1d) for n, out, inp in names]
+
+
+def _embedding(name: str, rows: int, hidden: int) -> ModuleSpec:
+    return ModuleSpec(name, "embedding", None, (TensorSpec(f"{name}.weight", (rows, hidden)),))
+
+
+def _linear(name: str, out: int, inp: int, bias: bool, block: int | None,
+            expert: int | None = None, conv1d: bool = False) -> ModuleSpec:
+    """nn.Linear stores weight as (out, in); HF GPT-2's Conv1D stores it as (in, out)."""
+    tensors = [TensorSpec(f"{name}.weight", (inp, out) if conv1d else (out, inp))]
+    if bias:
+        tensors.append(TensorSpec(f"{name}.bias", (out,)))
+    return ModuleSpec(name, "linear", block, tuple(tensors), expert)
+
+
+def _norm(name: str, m: ModelSpec, block: int | None) -> ModuleSpec:
+    tensors = [TensorSpec(f"{name}.weight", (m.hidden,))]
+    if m.norm is Norm.LAYERNORM:
+        tensors.append(TensorSpec(f"{name}.bias", (m.hidden,)))
+    return ModuleSpec(name, "norm", block, tuple(tensors))

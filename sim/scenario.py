@@ -1,0 +1,250 @@
+"""Scenario files (v1, design.md): one model, one cluster, one strategy, one question.
+
+`load_scenario(path)` reads the TOML, resolves the model and cluster, reads a referenced
+ds_config.json, fills batch sizes with DeepSpeed's rule and checks every cross-file
+relation. Anything wrong raises `InputError` naming the file, the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from sim.analytic.activations import Recompute
+from sim.analytic.memory import ZeroStage
+from sim.errors import InputError
+from sim.hardware import cluster_from_table, load_cluster
+from sim.catalog import resolve
+from sim.model import ModelSpec
+from sim.models import load_model
+from sim.scenario_checks import check_scenario
+from sim.scenario_tables import (DdpConfig, FsdpConfig, ddp_from_table, fsdp_from_table,
+                                 read_training)
+from sim.schema import Key, read_table, read_toml
+from sim.specs import ClusterSpec
+from sim.zero_config import ZeroConfig, zero_from_dict
+from sim.deepspeed_config import read_deepspeed_config, resolve_batch
+
+
+class Engine(StrEnum):
+    """Which training engine's schedule is replayed."""
+
+    DEEPSPEED = "deepspeed"
+    FSDP2 = "fsdp2"
+    DDP = "ddp"
+    DDP_ZERO_REDUNDANCY = "ddp-zero-redundancy"  # torch ZeroRedundancyOptimizer under DDP
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parallelism:
+    """Degrees of the three parallel axes; tp * pp * dp = world size."""
+
+    tp: int
+    pp: int
+    dp: int
+    sequence_parallel: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Training:
+    """Batch, precision and recomputation of one optimizer step."""
+
+    seq_len: int
+    micro_batch: int
+    grad_accum: int
+    global_batch: int            # sequences per optimizer step, whole job
+    precision: Precision
+    recompute: Recompute
+    gradient_clipping: float     # 0 = off; on costs one small all-reduce per step
+    partition_activations: bool  # ZeRO-R P_a (DeepSpeed activation_checkpointing)
+    cpu_checkpointing: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """Everything one simulation needs, validated."""
+
+    name: str
+    path: Path | None
+    question: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    nodes: int
+    gpus_per_node: int
+    parallel: Parallelism
+    training: Training
+    engine: Engine
+    zero: ZeroConfig | None   # set for engine 'deepspeed'
+    fsdp: FsdpConfig | None   # set for engine 'fsdp2'
+    ddp: DdpConfig | None     # set for 'ddp' and 'ddp-zero-redundancy'
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def zero_stage(self) -> ZeroStage:
+        """The ZeRO stage the engine amounts to (FSDP2 with resharding = 3, without = 2;
+        ZeroRedundancyOptimizer = 1; DDP = 0)."""
+        if self.zero is not None:
+            return self.zero.stage
+        if self.fsdp is not None:
+            return ZeroStage.PARAMETERS if self.fsdp.reshard_after_forward else ZeroStage.GRADIENTS
+        if self.engine is Engine.DDP_ZERO_REDUNDANCY:
+            return ZeroStage.OPTIMIZER
+        return ZeroStage.NONE
+
+
+TOP_KEYS = (
+    Key("model", object), Key("cluster", object), Key("nodes", int, positive=True),
+    Key("gpus_per_node", int, required=False, default=None, positive=True),
+    Key("engine", str, required=False, default=None, choices=tuple(Engine)),
+    Key("deepspeed", str, required=False, default=None),
+    Key("parallel", dict, required=False, default={}),
+    Key("training", dict),
+    Key("zero", dict, required=False, default=None),
+    Key("fsdp", dict, required=False, default=None),
+    Key("ddp", dict, required=False, default=None),
+)
+PARALLEL_KEYS = (
+    Key("tp", int, required=False, default=1, positive=True),
+    Key("pp", int, required=False, default=1, positive=True),
+    Key("dp", int, required=False, default=None, positive=True),
+    Key("sequence_parallel", bool, required=False, default=False),
+)
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Read and validate a scenario file."""
+    return scenario_from_table(read_toml(path), path, path.stem, _question(path))
+
+
+def scenario_from_table(raw: Mapping[str, Any], source: Path, name: str, question: str = "") -> Scenario:
+    """Build a Scenario from a parsed table; relative paths are relative to `source`."""
+    base = source.parent
+    top = read_table(raw, TOP_KEYS, source)
+    model = _model(top["model"], base, source)
+    cluster = _cluster(top["cluster"], base, source)
+    gpn = top["gpus_per_node"] or cluster.gpus_per_node
+    if gpn > cluster.gpus_per_node:
+        raise InputError(source, "gpus_per_node", f"{gpn} > the cluster's {cluster.gpus_per_node} "
+                         f"({cluster.name}); allowed: 1..{cluster.gpus_per_node}")
+    parallel = _parallel(top["parallel"], top["nodes"] * gpn, source)
+    engine = _engine(top, source)
+    ds = None
+    if top["deepspeed"] is not None:
+        ds_path = resolve(top["deepspeed"], "scenarios", base, source, "deepspeed")
+        ds = read_deepspeed_config(ds_path, hidden=model.hidden)
+    training = _training(top["training"], ds, parallel.dp, engine, source)
+    zero = None
+    if engine is Engine.DEEPSPEED:
+        zero = ds.zero if ds else zero_from_dict(top["zero"] or {}, source, "zero.", hidden=model.hidden)
+    scenario = Scenario(
+        name=name, path=source, question=question, model=model, cluster=cluster,
+        nodes=top["nodes"], gpus_per_node=gpn, parallel=parallel, training=training,
+        engine=engine, zero=zero,
+        fsdp=fsdp_from_table(top["fsdp"] or {}, source) if engine is Engine.FSDP2 else None,
+        ddp=ddp_from_table(top["ddp"] or {}, source) if engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY) else None)
+    check_scenario(scenario, source)
+    return scenario
+
+
+def _question(path: Path) -> str:
+    """The opening comment lines of a scenario file: the question it answers."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ""
+    question = []
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        question.append(line.lstrip("#").strip())
+    return " ".join(q for q in question if q)
+
+
+def _model(ref: Any, base: Path, source: Path) -> ModelSpec:
+    return load_model(ref, base, source, "model")
+
+
+def _cluster(ref: Any, base: Path, source: Path) -> ClusterSpec:
+    if isinstance(ref, Mapping):
+        return cluster_from_table(ref, source, base, "cluster.")
+    if not isinstance(ref, str):
+        raise InputError(source, "cluster", "expected a cluster catalog name, a path or a [cluster] table")
+    return load_cluster(resolve(ref, "hardware", base, source, "cluster"))
+
+
+def _parallel(raw: Mapping[str, Any], world: int, source: Path) -> Parallelism:
+    v = read_table(raw, PARALLEL_KEYS, source, "parallel.")
+    tp, pp = v["tp"], v["pp"]
+    dp = v["dp"]
+    if dp is None:
+        if world % (tp * pp):
+            raise InputError(source, "parallel", f"world size {world} (nodes x gpus_per_node) is not "
+                             f"divisible by tp ({tp}) * pp ({pp}) = {tp * pp}")
+        dp = world // (tp * pp)
+    if tp * pp * dp != world:
+        raise InputError(source, "parallel", f"tp ({tp}) * pp ({pp}) * dp ({dp}) = {tp * pp * dp} "
+                         f"!= nodes x gpus_per_node = {world}")
+    return Parallelism(tp=tp, pp=pp, dp=dp, sequence_parallel=v["sequence_parallel"])
+
+
+def _engine(top: Mapping[str, Any], source: Path) -> Engine:
+    """Explicit `engine`, else deepspeed for [zero] / deepspeed =, fsdp2 for [fsdp], else ddp."""
+    has_ds = top["zero"] is not None or top["deepspeed"] is not None
+    if top["zero"] is not None and top["deepspeed"] is not None:
+        raise InputError(source, "zero", "give either [zero] or deepspeed = \"ds_config.json\", not both")
+    if has_ds and top["fsdp"] is not None:
+        raise InputError(source, "fsdp", "[fsdp] and DeepSpeed ZeRO settings exclude each other")
+    implied = Engine.DEEPSPEED if has_ds else Engine.FSDP2 if top["fsdp"] is not None else Engine.DDP
+    engine = Engine(top["engine"]) if top["engine"] else implied
+    if engine is Engine.DEEPSPEED:
+        ok = top["fsdp"] is None and top["ddp"] is None
+    elif engine is Engine.FSDP2:
+        ok = not has_ds and top["ddp"] is None
+    else:
+        ok = not has_ds and top["fsdp"] is None
+    if not ok:
+        raise InputError(source, "engine", f"engine '{engine}' does not match the [zero] / deepspeed / "
+                         "[fsdp] / [ddp] settings given")
+    return engine
+
+
+def _training(raw: Mapping[str, Any], ds: Any, dp: int, engine: Engine, source: Path) -> Training:
+    """[training] merged with a ds_config (conflicts are errors), batch filled DeepSpeed's way."""
+    t = read_training(raw, source, have_deepspeed=ds is not None)
+    if ds is not None:
+        for key, ds_key, value in (("global_batch", "train_batch_size", ds.train_batch_size),
+                                   ("micro_batch", "train_micro_batch_size_per_gpu", ds.micro_batch),
+                                   ("grad_accum", "gradient_accumulation_steps", ds.grad_accum),
+                                   ("precision", "fp16/bf16", ds.precision)):
+            if t[key] is not None and value is not None and t[key] != value:
+                raise InputError(source, f"training.{key}", f"{t[key]!r} disagrees with the "
+                                 f"DeepSpeed config's {ds_key} ({value!r})")
+            if t[key] is None:
+                t[key] = value
+    keys = ("training.global_batch", "training.micro_batch", "training.grad_accum")
+    global_batch, micro, accum = resolve_batch(t["global_batch"], t["micro_batch"], t["grad_accum"],
+                                               dp, source, keys)
+    clipping = t["gradient_clipping"]
+    if clipping is None:  # DeepSpeed's code default is 1.0 (PR #8068); torch clips only if asked
+        clipping = ds.gradient_clipping if ds else (1.0 if engine is Engine.DEEPSPEED else 0.0)
+    return Training(seq_len=t["seq_len"], micro_batch=micro, grad_accum=accum,
+                    global_batch=global_batch, precision=Precision(t["precision"]),
+                    recompute=Recompute(t["recompute"]), gradient_clipping=clipping,
+                    partition_activations=t["partition_activations"] or bool(ds and ds.partition_activations),
+                    cpu_checkpointing=bool(ds and ds.cpu_checkpointing))

@@ -1,0 +1,137 @@
+"""Strict reading of data-file tables: every key declared, typed, unit-converted once.
+
+A table is checked against a list of `Key`s. Unknown keys, missing required keys,
+wrong types and values outside the allowed set raise `InputError` naming the file,
+the dotted key and what is allowed. Keys whose name ends in a unit suffix
+(`sim.units.SUFFIX_TO_SI`) are converted to SI and stored without the suffix.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.errors import InputError, allowed
+from sim.units import SUFFIX_TO_SI
+
+_TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+               dict: "a table", list: "a list"}
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """One key a table may hold."""
+
+    name: str
+    kind: type
+    required: bool = True
+    default: Any = None
+    choices: tuple[Any, ...] = ()
+    positive: bool = False        # > 0
+    non_negative: bool = False    # >= 0
+    fraction: bool = False        # 0 < x <= 1
+
+    @property
+    def field(self) -> str:
+        """The SI field name: the key without its unit suffix."""
+        for suffix in SUFFIX_TO_SI:
+            if self.name.endswith(suffix):
+                return self.name[: -len(suffix)]
+        return self.name
+
+    @property
+    def si_factor(self) -> float:
+        for suffix, factor in SUFFIX_TO_SI.items():
+            if self.name.endswith(suffix):
+                return factor
+        return 1.0
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; a syntax error or a missing file is an InputError."""
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise InputError(path, "", "file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(path, "", f"not valid TOML ({e})") from None
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """Parse a JSON object file; a syntax error or a missing file is an InputError."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(path, "", "file not found") from None
+    except json.JSONDecodeError as e:
+        raise InputError(path, "", f"not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise InputError(path, "", "expected a JSON object at the top level")
+    return data
+
+
+def read_table(table: Mapping[str, Any], keys: Sequence[Key], source: str | Path,
+               prefix: str = "") -> dict[str, Any]:
+    """Check `table` against `keys`; return {field: SI value} with defaults filled in."""
+    if not isinstance(table, Mapping):
+        raise InputError(source, prefix.rstrip(".") or "(top level)", "expected a table")
+    known = {k.name: k for k in keys}
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise InputError(source, prefix + unknown[0],
+                         f"unknown key; {allowed(sorted(known))}")
+    out: dict[str, Any] = {}
+    for key in keys:
+        dotted = prefix + key.name
+        if key.name not in table:
+            if key.required:
+                raise InputError(source, dotted, f"missing required key ({_TYPE_NAMES.get(key.kind, key.kind.__name__)})")
+            out[key.field] = key.default
+            continue
+        value = check_value(table[key.name], key, source, dotted)
+        out[key.field] = value * key.si_factor if key.si_factor != 1.0 else value
+    return out
+
+
+def check_value(value: Any, key: Key, source: str | Path, dotted: str) -> Any:
+    """Type, range and choice check of one value; ints are accepted where numbers are."""
+    value = _coerce(value, key.kind, source, dotted)
+    if key.choices and value not in key.choices:
+        raise InputError(source, dotted, f"{value!r} is not valid; {allowed(key.choices)}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if key.positive and not value > 0:
+            raise InputError(source, dotted, f"must be > 0, got {value}")
+        if key.non_negative and not value >= 0:
+            raise InputError(source, dotted, f"must be >= 0, got {value}")
+        if key.fraction and not 0 < value <= 1:
+            raise InputError(source, dotted, f"must be in (0, 1], got {value}")
+    return value
+
+
+def _coerce(value: Any, kind: type, source: str | Path, dotted: str) -> Any:
+    wrong = InputError(source, dotted, f"expected {_TYPE_NAMES.get(kind, kind.__name__)}, "
+                                       f"got {type(value).__name__} {value!r}")
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong
+        return float(value)
+    if kind is int:
+        if isinstance(value, bool):
+            raise wrong
+        if isinstance(value, float) and value.is_integer():
+            return int(value)      # DeepSpeed accepts 5e8 for an element count
+        if not isinstance(value, int):
+            raise wrong
+        return value
+    if kind is bool and not isinstance(value, bool):
+        raise wrong
+    if kind is str and not isinstance(value, str):
+        raise wrong
+    if kind in (dict, list) and not isinstance(value, kind):
+        raise wrong
+    return value

@@ -1,0 +1,31 @@
+"""Shared paths and helpers for the test suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.model import ModelSpec
+from sim.models import load_model
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "models"
+HARDWARE = ROOT / "hardware"
+SCENARIOS = ROOT / "scenarios"
+
+
+def catalog_model(name: str) -> ModelSpec:
+    return load_model(name, ROOT, "test")
+
+
+@pytest.fixture
+def write_scenario(tmp_path: Path):
+    """Write a scenario TOML (and optional side files) into a temp dir; return its path."""
+    def _write(text: str, name: str = "s.toml", **files: str) -> Path:
+        for fname, content in files.items():
+            (tmp_path / fname.replace("__", ".")).write_text(content)
+        path = tmp_path / name
+        path.write_text(text)
+        return path
+    return _write
