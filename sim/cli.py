@@ -74,7 +74,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
                                  fragmentation=_fraction(args.fragmentation))
     else:
         if args.dp < 1:
-            raise InputError("command line", "--dp", f"must be >= 1, got {args.dp}")
+            raise InputError("command line", "--dp", f"got {args.dp}; allowed: an integer >= 1")
         memory = parse_quantity(args.gpu_memory, _SIZE_UNITS, "--gpu-memory") if args.gpu_memory else None
         largest = parse_quantity(args.largest_module, _COUNT_UNITS, "--largest-module") if args.largest_module else 0.0
         report = quick_report(parse_quantity(args.params, _COUNT_UNITS, "--params"), args.dp,

@@ -94,15 +94,18 @@ def resolve_batch(train_batch: int | None, micro: int | None, gas: int | None, d
     elif micro is not None:
         gas, train_batch = 1, micro * dp
     else:
-        raise InputError(source, g_key, f"either {g_key} or {m_key} needs to be provided")
+        raise InputError(source, g_key, f"either {g_key} or {m_key} needs to be provided; "
+                         f"allowed: an integer > 0")
     for key, value in ((g_key, train_batch), (m_key, micro), (a_key, gas)):
         if value is None or value <= 0:
-            raise InputError(source, key, f"must be > 0 (got {value}) with {g_key}={train_batch}, "
-                             f"{m_key}={micro}, {a_key}={gas}, data-parallel degree {dp}")
+            raise InputError(source, key, f"got {value} from {g_key}={train_batch}, {m_key}={micro}, "
+                             f"{a_key}={gas} and data-parallel degree {dp}; allowed: values that "
+                             f"make all three > 0 with {g_key} = {m_key} * {a_key} * dp")
     assert train_batch is not None and micro is not None and gas is not None
     if train_batch != micro * gas * dp:
         raise InputError(source, g_key, f"{train_batch} != {m_key} ({micro}) * {a_key} ({gas}) "
-                         f"* data-parallel degree ({dp}) = {micro * gas * dp}")
+                         f"* data-parallel degree ({dp}) = {micro * gas * dp}; allowed: "
+                         f"{g_key} = {m_key} * {a_key} * dp")
     return train_batch, micro, gas
 
 

@@ -90,7 +90,7 @@ def read_table(table: Mapping[str, Any], keys: Sequence[Key], source: str | Path
         dotted = prefix + key.name
         if key.name not in table:
             if key.required:
-                raise InputError(source, dotted, f"missing required key ({_TYPE_NAMES.get(key.kind, key.kind.__name__)})")
+                raise InputError(source, dotted, f"missing required key; allowed: {describe(key)}")
             out[key.field] = key.default
             continue
         value = check_value(table[key.name], key, source, dotted)
@@ -104,18 +104,30 @@ def check_value(value: Any, key: Key, source: str | Path, dotted: str) -> Any:
     if key.choices and value not in key.choices:
         raise InputError(source, dotted, f"{value!r} is not valid; {allowed(key.choices)}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if key.positive and not value > 0:
-            raise InputError(source, dotted, f"must be > 0, got {value}")
-        if key.non_negative and not value >= 0:
-            raise InputError(source, dotted, f"must be >= 0, got {value}")
-        if key.fraction and not 0 < value <= 1:
-            raise InputError(source, dotted, f"must be in (0, 1], got {value}")
+        in_range = ((not key.positive or value > 0) and (not key.non_negative or value >= 0)
+                    and (not key.fraction or 0 < value <= 1))
+        if not in_range:
+            raise InputError(source, dotted, f"got {value}; allowed: {describe(key)}")
     return value
 
 
+def describe(key: Key) -> str:
+    """What a key accepts, in words: 'an integer > 0', 'one of a, b', 'a number in (0, 1]'."""
+    if key.choices:
+        return "one of " + ", ".join(str(c) for c in key.choices)
+    text = _TYPE_NAMES.get(key.kind, "a catalog name, a path or a table")
+    if key.positive:
+        text += " > 0"
+    elif key.non_negative:
+        text += " >= 0"
+    elif key.fraction:
+        text += " in (0, 1]"
+    return text
+
+
 def _coerce(value: Any, kind: type, source: str | Path, dotted: str) -> Any:
-    wrong = InputError(source, dotted, f"expected {_TYPE_NAMES.get(kind, kind.__name__)}, "
-                                       f"got {type(value).__name__} {value!r}")
+    wrong = InputError(source, dotted, f"got {type(value).__name__} {value!r}; "
+                                       f"allowed: {_TYPE_NAMES.get(kind, kind.__name__)}")
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise wrong
