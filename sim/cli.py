@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sim.analytic.memory import Convention
-from sim.catalog import KINDS, catalog_names
+from sim.catalog import KINDS, catalog_names, looks_like_path, resolve
 from sim.errors import InputError, allowed
 from sim.memory_report import quick_report, scenario_report
 from sim.memory_text import format_memory
+from sim.plots import save_memory_plot
 from sim.scenario import load_scenario
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 2, 3
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     mem = sub.add_parser("memory", help="per-GPU memory by ZeRO stage and component; largest model",
                          description="Per-GPU memory table for a scenario, or for --params/--dp.")
-    mem.add_argument("scenario", nargs="?", help="scenario TOML file")
+    mem.add_argument("scenario", nargs="?", help="scenario TOML file, or a bundled scenario's name")
     mem.add_argument("--params", help="parameter count for a quick question, e.g. 7.5e9 or 7.5B")
     mem.add_argument("--dp", type=int, default=1, help="data-parallel degree (with --params)")
     mem.add_argument("--gpu-memory", help="device memory, e.g. 32GB or 80GiB (with --params)")
@@ -56,9 +57,17 @@ def build_parser() -> argparse.ArgumentParser:
     mem.add_argument("--fragmentation", type=float, default=0.0,
                      help="allocator fragmentation allowance as a fraction of activations + buffers")
     mem.add_argument("--json", action="store_true", help="print one JSON object")
+    mem.add_argument("--plot", metavar="PNG", help="also draw the breakdown by stage to this PNG file")
     cat = sub.add_parser("catalog", help="list bundled models, hardware and scenarios")
     cat.add_argument("kind", nargs="?", choices=KINDS)
     return parser
+
+
+def scenario_path(arg: str) -> Path:
+    """A scenario file path, or the name of a bundled scenario (`zerosim catalog scenarios`)."""
+    if looks_like_path(arg):
+        return Path(arg)
+    return resolve(arg, "scenarios", Path.cwd(), "command line", "scenario")
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
@@ -70,7 +79,7 @@ def cmd_memory(args: argparse.Namespace) -> int:
                 raise InputError("command line", "--" + flag.replace("_", "-"),
                                  "only with --params (a scenario names its cluster and model)")
         convention = Convention(args.convention or "allocated")
-        report = scenario_report(load_scenario(Path(args.scenario)), convention=convention,
+        report = scenario_report(load_scenario(scenario_path(args.scenario)), convention=convention,
                                  fragmentation=_fraction(args.fragmentation))
     else:
         if args.dp < 1:
@@ -81,6 +90,8 @@ def cmd_memory(args: argparse.Namespace) -> int:
                               convention=Convention(args.convention or "paper"),
                               device_memory=memory, k=args.k, largest_module=largest)
     print(json.dumps(report.to_json(), indent=2) if args.json else format_memory(report))
+    if args.plot:
+        save_memory_plot(report, args.plot)
     return EXIT_DOES_NOT_FIT if report.fits is False else EXIT_OK
 
 

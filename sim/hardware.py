@@ -13,7 +13,7 @@ from typing import Any
 from sim.catalog import resolve
 from sim.errors import InputError
 from sim.schema import Key, read_table, read_toml
-from sim.specs import ClusterSpec, GpuSpec, HostSpec, IntraNodeTopology, LinkSpec
+from sim.specs import ClusterSpec, GpuSpec, HostSpec, IntraNodeTopology, LinkSpec, NodeSpec
 
 GPU_KEYS = (
     Key("name", str),
@@ -97,14 +97,11 @@ def cluster_from_table(table: Mapping[str, Any], source: str | Path, base_dir: P
     inter = read_table(v["inter_node"], INTER_KEYS, source, prefix + "inter_node.")
     host = read_table(v["host"], HOST_KEYS, source, prefix + "host.")
     _check_uncertain(v["uncertain"], _all_cluster_keys(), source, prefix)
-    return ClusterSpec(
-        name=v["name"], gpu=gpu, gpus_per_node=v["gpus_per_node"],
-        intra_topology=IntraNodeTopology(intra["topology"]),
+    node = NodeSpec(
+        gpu=gpu, gpus_per_node=v["gpus_per_node"], intra_topology=IntraNodeTopology(intra["topology"]),
         intra_node=LinkSpec(bandwidth=intra["bandwidth"], efficiency=intra["efficiency"],
                             latency=intra["latency"]),
         nics_per_node=inter["nics_per_node"],
-        inter_node=LinkSpec(bandwidth=inter["nic_bandwidth"], efficiency=inter["efficiency"],
-                            latency=inter["latency"]),
         host=HostSpec(cpu=host["cpu"], cores=host["cores"], dram=host["dram"],
                       dram_bandwidth=host["dram_bandwidth"],
                       pcie=LinkSpec(bandwidth=host["pcie_bandwidth"],
@@ -112,9 +109,11 @@ def cluster_from_table(table: Mapping[str, Any], source: str | Path, base_dir: P
                                     latency=host["pcie_latency"]),
                       gpus_per_pcie_switch=host["gpus_per_pcie_switch"],
                       cpu_adam_params_per_s=host["cpu_adam_params_per_s"],
-                      nvme_bandwidth=host["nvme_bandwidth"]),
-        uncertain=tuple(v["uncertain"]),
-    )
+                      nvme_bandwidth=host["nvme_bandwidth"]))
+    return ClusterSpec(name=v["name"], node=node,
+                       inter_node=LinkSpec(bandwidth=inter["nic_bandwidth"],
+                                           efficiency=inter["efficiency"], latency=inter["latency"]),
+                       uncertain=tuple(v["uncertain"]))
 
 
 def _all_cluster_keys() -> set[str]:

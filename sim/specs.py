@@ -67,20 +67,39 @@ class HostSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ClusterSpec:
-    """A node type and the network between nodes; the node count lives in the scenario."""
+class NodeSpec:
+    """One host: its GPUs, how they are connected, its NICs and its CPU side."""
 
-    name: str
     gpu: GpuSpec
     gpus_per_node: int
     intra_topology: IntraNodeTopology
     intra_node: LinkSpec          # per GPU, per direction
     nics_per_node: int
-    inter_node: LinkSpec          # per NIC, per direction
     host: HostSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """A node type and the network between nodes; the node count lives in the scenario."""
+
+    name: str
+    node: NodeSpec
+    inter_node: LinkSpec          # per NIC, per direction
     uncertain: tuple[str, ...] = ()
+
+    @property
+    def gpu(self) -> GpuSpec:
+        return self.node.gpu
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.node.gpus_per_node
+
+    @property
+    def host(self) -> HostSpec:
+        return self.node.host
 
     @property
     def nic_bandwidth_per_gpu(self) -> float:
         """bytes/s of achievable inter-node bandwidth one GPU gets when all GPUs send."""
-        return self.inter_node.achievable_bandwidth * self.nics_per_node / self.gpus_per_node
+        return self.inter_node.achievable_bandwidth * self.node.nics_per_node / self.node.gpus_per_node

@@ -77,6 +77,11 @@ def test_bad_ds_config_names_the_json_file(write_scenario, capsys):
     assert code == 2 and "ds.json: bf16.enabled: fp16 and bf16 cannot both be enabled" in err
 
 
+def test_unknown_bundled_scenario_name(capsys):
+    code, _, err = run_cli(["memory", "llama-9b_zero3"], capsys)
+    assert code == 2 and "command line: scenario: unknown scenarios catalog name 'llama-9b_zero3'" in err
+
+
 def test_missing_scenario_file(capsys):
     code, _, err = run_cli(["memory", "no/such/file.toml"], capsys)
     assert code == 2 and "no/such/file.toml: file not found" in err

@@ -73,3 +73,8 @@ def test_quick_question_text(capsys):
     text = capsys.readouterr().out
     assert "ZeRO-3" in text and "120.00" in text and "1.88" in text
     assert "ZeRO-1 8.0B, ZeRO-2 16.0B, ZeRO-3 unbounded" in text
+
+
+def test_bundled_scenario_by_name(capsys):
+    assert main(["memory", "llama3-8b_fsdp2_dgx-h100x1"]) == 0
+    assert "engine fsdp2" in capsys.readouterr().out

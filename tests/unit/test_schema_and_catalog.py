@@ -45,8 +45,8 @@ def test_unknown_catalog_name_lists_the_allowed_names():
 @pytest.mark.parametrize("name", catalog_names("hardware"))
 def test_every_cluster_loads_with_sane_numbers(name):
     c = load_cluster(HARDWARE / f"{name}.toml")
-    assert c.gpu.memory > 1e9 and c.intra_node.bandwidth > 0 and c.host.cpu_adam_params_per_s > 0
-    assert 0 < c.intra_node.efficiency <= 1 and 0 < c.inter_node.efficiency <= 1
+    assert c.gpu.memory > 1e9 and c.node.intra_node.bandwidth > 0 and c.host.cpu_adam_params_per_s > 0
+    assert 0 < c.node.intra_node.efficiency <= 1 and 0 < c.inter_node.efficiency <= 1
 
 
 def test_required_clusters_are_in_the_catalog():
@@ -57,7 +57,7 @@ def test_required_clusters_are_in_the_catalog():
 
 def test_dgx2_and_dgx_h100_facts():
     dgx2 = load_cluster(HARDWARE / "dgx2.toml")
-    assert dgx2.gpus_per_node == 16 and dgx2.nics_per_node == 8
+    assert dgx2.gpus_per_node == 16 and dgx2.node.nics_per_node == 8
     assert dgx2.inter_node.bandwidth == pytest.approx(12.5e9)  # 100 Gb/s EDR
     assert dgx2.gpu.bf16_flops == 0 and dgx2.gpu.fp16_flops == 125e12
     h100 = load_cluster(HARDWARE / "dgx-h100.toml")
