@@ -23,7 +23,10 @@ from sim.models import load_model
 from sim.scenario_checks import check_scenario
 from sim.scenario_tables import (DdpConfig, FsdpConfig, ddp_from_table, fsdp_from_table,
                                  read_training)
-from sim.schema import Key, read_table, read_toml
+from sim.analytic.opcost import Algorithm
+from sim.layout import Axis
+from sim.schema import Key, check_value, read_table, read_toml
+from sim.units import GB
 from sim.specs import ClusterSpec
 from sim.zero_config import ZeroConfig, zero_from_dict
 from sim.deepspeed_config import read_deepspeed_config, resolve_batch
@@ -36,6 +39,26 @@ class Engine(StrEnum):
     FSDP2 = "fsdp2"
     DDP = "ddp"
     DDP_ZERO_REDUNDANCY = "ddp-zero-redundancy"  # torch ZeroRedundancyOptimizer under DDP
+
+
+class ScheduleMode(StrEnum):
+    """`implemented`: the engines as their code runs; `paper`: the ZeRO paper / lecture's
+    idealised schedules (reduce-scatter + all-gather, per-segment broadcast and reduce)."""
+
+    IMPLEMENTED = "implemented"
+    PAPER = "paper"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommConfig:
+    """[comm]: the collective algorithm and optional bus-bandwidth overrides per group axis
+    (bytes/s; the SimAI-style busbw table, design.md fidelity rules)."""
+
+    algorithm: Algorithm = Algorithm.RING
+    busbw: tuple[tuple[Axis, float], ...] = ()
+
+    def override(self, axis: Axis | None) -> float | None:
+        return dict(self.busbw).get(axis) if axis is not None else None
 
 
 class Precision(StrEnum):
@@ -90,6 +113,8 @@ class Scenario:
     zero: ZeroConfig | None   # set for engine 'deepspeed'
     fsdp: FsdpConfig | None   # set for engine 'fsdp2'
     ddp: DdpConfig | None     # set for 'ddp' and 'ddp-zero-redundancy'
+    schedule_mode: ScheduleMode = ScheduleMode.IMPLEMENTED
+    comm: CommConfig = CommConfig()
 
     @property
     def world_size(self) -> int:
@@ -118,6 +143,12 @@ TOP_KEYS = (
     Key("zero", dict, required=False, default=None),
     Key("fsdp", dict, required=False, default=None),
     Key("ddp", dict, required=False, default=None),
+    Key("schedule", str, required=False, default="implemented", choices=tuple(ScheduleMode)),
+    Key("comm", dict, required=False, default={}),
+)
+COMM_KEYS = (
+    Key("algorithm", str, required=False, default="ring", choices=tuple(Algorithm)),
+    Key("busbw_GBps", dict, required=False, default={}),
 )
 PARALLEL_KEYS = (
     Key("tp", int, required=False, default=1, positive=True),
@@ -157,9 +188,22 @@ def scenario_from_table(raw: Mapping[str, Any], source: Path, name: str, questio
         nodes=top["nodes"], gpus_per_node=gpn, parallel=parallel, training=training,
         engine=engine, zero=zero,
         fsdp=fsdp_from_table(top["fsdp"] or {}, source) if engine is Engine.FSDP2 else None,
-        ddp=ddp_from_table(top["ddp"] or {}, source) if engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY) else None)
+        ddp=ddp_from_table(top["ddp"] or {}, source) if engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY) else None,
+        schedule_mode=ScheduleMode(top["schedule"]), comm=_comm(top["comm"], source))
     check_scenario(scenario, source)
     return scenario
+
+
+def _comm(raw: Mapping[str, Any], source: Path) -> CommConfig:
+    v = read_table(raw, COMM_KEYS, source, "comm.")
+    busbw = []
+    for axis, value in v["busbw"].items():
+        if axis not in tuple(Axis):
+            raise InputError(source, f"comm.busbw_GBps.{axis}", f"unknown group axis; allowed: "
+                             f"{', '.join(Axis)}")
+        rate = check_value(value, Key(axis, float, positive=True), source, f"comm.busbw_GBps.{axis}")
+        busbw.append((Axis(axis), rate * GB))
+    return CommConfig(algorithm=Algorithm(v["algorithm"]), busbw=tuple(sorted(busbw)))
 
 
 def _question(path: Path) -> str:

@@ -1,0 +1,140 @@
+"""Cost of one scheduled op in isolation (no contention): the terms the DES plays out.
+
+Compute: roofline, max(FLOPs / (peak x GEMM efficiency), bytes / (HBM x efficiency)).
+Collectives: a list of phases, each a latency (NCCL's per-step hardware latency times the
+algorithm's step count, intra- and inter-node steps apart, src/graph/tuning.cc) and bus
+bytes moved at the group's bus bandwidth: min(B_intra, p x B_nic) when the group spans
+nodes with p members per node (reference 3.4). The DES runs the same phases with link
+bandwidth shared among concurrent transfers; `isolated_time` is their closed form.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sim.schedule import Coll
+from sim.specs import ClusterSpec
+
+ADAM_BYTES_PER_PARAM = 30.0  # read p, g, m, v (16 B), write p, m, v (12 B), write 16-bit p (2 B); reference 5
+
+
+class Algorithm(StrEnum):
+    RING = "ring"
+    TREE = "tree"                  # double binary tree for all-reduce (ring for the others)
+    HIERARCHICAL = "hierarchical"  # 2-level all-reduce across nodes (ring for the others)
+
+
+class LinkClass(StrEnum):
+    NVLINK = "nvlink"   # the GPU's intra-node port
+    NIC = "nic"         # the GPU's share of the node's NICs
+
+
+@dataclass(frozen=True, slots=True)
+class CommPhase:
+    """latency, then bus_bytes at min over links of (capacity share x multiplier)."""
+
+    latency: float
+    bus_bytes: float
+    links: tuple[tuple[LinkClass, float], ...]  # (link class, multiplier on its share)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupShape:
+    size: int
+    nodes: int
+    per_node: int   # most members on one node
+
+
+def compute_time(flops: float, mem_bytes: float, peak_flops: float, matmul_efficiency: float,
+                 memory_bandwidth: float, memory_efficiency: float) -> float:
+    """Roofline: the slower of the arithmetic and the memory traffic."""
+    return max(flops / (peak_flops * matmul_efficiency), mem_bytes / (memory_bandwidth * memory_efficiency))
+
+
+def gpu_adam_time(params: float, cluster: ClusterSpec) -> float:
+    """Fused Adam on the GPU is bandwidth-bound: 30 B of HBM traffic per parameter."""
+    gpu = cluster.gpu
+    return params * ADAM_BYTES_PER_PARAM / (gpu.memory_bandwidth * gpu.memory_bandwidth_efficiency)
+
+
+def cpu_adam_time(params: float, cluster: ClusterSpec, ranks_per_node: int) -> float:
+    """DeepSpeed CPU-Adam: the node's rate is shared by the ranks stepping at once (reference 5)."""
+    return params / (cluster.host.cpu_adam_params_per_s / ranks_per_node)
+
+
+def pcie_bandwidth(cluster: ClusterSpec) -> float:
+    """Per-GPU, per-direction pinned copy rate when every GPU behind a switch copies at once."""
+    host = cluster.host
+    return host.pcie.achievable_bandwidth / host.gpus_per_pcie_switch
+
+
+def wire_bytes_per_rank(coll: Coll, nbytes: float, n: int) -> float:
+    """Bytes one rank sends on average for a collective of buffer S (optimal algorithms):
+    all-reduce 2(n-1)/n S; gather, scatter, broadcast, reduce, all-to-all (n-1)/n S."""
+    if n <= 1:
+        return 0.0
+    if coll is Coll.ALL_REDUCE:
+        return 2 * (n - 1) / n * nbytes
+    if coll is Coll.SEND_RECV:
+        return nbytes
+    return (n - 1) / n * nbytes
+
+
+def bus_factor(coll: Coll, n: int) -> float:
+    """nccl-tests busbw factor: time = S x factor / busbw (doc/PERFORMANCE.md)."""
+    if coll is Coll.ALL_REDUCE:
+        return 2 * (n - 1) / n
+    if coll in (Coll.BROADCAST, Coll.REDUCE, Coll.SEND_RECV):
+        return 1.0
+    return (n - 1) / n
+
+
+def ring_steps(coll: Coll, n: int) -> int:
+    """NCCL ring step counts: all-reduce 2(n-1), gather / scatter n-1, others n-1 (chain)."""
+    if coll is Coll.SEND_RECV:
+        return 1
+    return 2 * (n - 1) if coll is Coll.ALL_REDUCE else n - 1
+
+
+def collective_phases(coll: Coll, nbytes: float, g: GroupShape, cluster: ClusterSpec,
+                      algorithm: Algorithm = Algorithm.RING,
+                      busbw_override: float | None = None) -> list[CommPhase]:
+    """The phases of one collective on a group of shape `g` (empty for a group of one)."""
+    n = g.size
+    if n <= 1 or nbytes <= 0:
+        return []
+    a_intra, a_inter = cluster.node.intra_node.latency, cluster.inter_node.latency
+    multi = g.nodes > 1
+    links = ((LinkClass.NVLINK, 1.0), (LinkClass.NIC, float(g.per_node))) if multi else ((LinkClass.NVLINK, 1.0),)
+    if multi and algorithm is Algorithm.HIERARCHICAL and coll is Coll.ALL_REDUCE and g.per_node > 1:
+        p, nodes = g.per_node, g.nodes
+        intra = ((LinkClass.NVLINK, 1.0),)
+        return [CommPhase((p - 1) * a_intra, (p - 1) / p * nbytes, intra),
+                CommPhase(2 * (nodes - 1) * a_inter, 2 * (nodes - 1) / nodes * nbytes / p, ((LinkClass.NIC, 1.0),)),
+                CommPhase((p - 1) * a_intra, (p - 1) / p * nbytes, intra)]
+    if algorithm is Algorithm.TREE and coll is Coll.ALL_REDUCE:
+        latency = 2 * math.log2(n) * (a_inter if multi else a_intra)
+        return [CommPhase(latency, 2.0 * nbytes, links)]
+    steps = ring_steps(coll, n)
+    inter_steps = min(steps, (2 if coll is Coll.ALL_REDUCE else 1) * (g.nodes - 1))
+    latency = (steps - inter_steps) * a_intra + inter_steps * a_inter
+    return [CommPhase(latency, nbytes * bus_factor(coll, n), links)]
+
+
+def link_capacity(link: LinkClass, cluster: ClusterSpec) -> float:
+    """Achievable bytes/s of one GPU's port of this class."""
+    if link is LinkClass.NVLINK:
+        return cluster.node.intra_node.achievable_bandwidth
+    return cluster.nic_bandwidth_per_gpu
+
+
+def isolated_time(phases: list[CommPhase], cluster: ClusterSpec,
+                  busbw_override: float | None = None) -> float:
+    """Closed form of a collective with its links to itself: sum of latency + bytes / rate."""
+    total = 0.0
+    for ph in phases:
+        rate = busbw_override or min(link_capacity(lc, cluster) * mult for lc, mult in ph.links)
+        total += ph.latency + ph.bus_bytes / rate
+    return total

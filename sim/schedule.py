@@ -1,0 +1,139 @@
+"""The Schedule: per rank class, per stream, the ordered ops and their dependencies.
+
+Pure data, no SimPy: the planner (sim/strategies) writes it; the engine (sim/engine)
+decides when each op runs; the analytic twin sums its volumes and costs. CUDA stream
+semantics: ops of one stream run in order; `deps` are events recorded on other streams
+(or host-side waits) that must complete before an op may start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from sim.layout import Axis
+
+
+class Stream(StrEnum):
+    COMPUTE = "compute"
+    ALLGATHER = "comm (all-gather)"     # DeepSpeed ZeRO-3 / FSDP2 all-gather stream
+    REDUCE = "comm (reduce)"            # reduction / reduce-scatter stream (also DDP's comm)
+    H2D = "h2d"
+    D2H = "d2h"
+    CPU = "cpu"
+
+
+class Phase(StrEnum):
+    FWD = "fwd"
+    BWD = "bwd"
+    STEP = "step"
+
+
+class Kind(StrEnum):
+    COMPUTE = "compute"
+    OPTIMIZER = "optimizer"
+    COLLECTIVE = "collective"
+    COPY = "copy"
+    CPU_OPTIMIZER = "cpu optimizer"
+
+
+class Coll(StrEnum):
+    """Collectives, named as torch.distributed names them."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    ALL_TO_ALL = "all_to_all"
+    SEND_RECV = "send_recv"
+
+
+class Mem(StrEnum):
+    """Memory categories of the results contract."""
+
+    PARAMS = "params"
+    GRADS = "grads"
+    OPTIMIZER = "optimizer"
+    ACTIVATIONS = "activations"
+    BUFFERS = "buffers"
+
+
+@dataclass(frozen=True, slots=True)
+class Alloc:
+    category: Mem
+    label: str
+    nbytes: float
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation on one stream of one rank (identical for all ranks of a class)."""
+
+    id: int
+    stream: Stream
+    kind: Kind
+    name: str
+    phase: Phase
+    micro_step: int
+    layer: int | None = None            # transformer block, None outside the blocks
+    flops: float = 0.0                  # compute / optimizer work
+    mem_bytes: float = 0.0              # HBM traffic of compute / optimizer ops
+    coll: Coll | None = None
+    axis: Axis | None = None            # the group a collective runs on
+    nbytes: float = 0.0                 # collective buffer S (nccl-tests convention) or copy bytes
+    params: float = 0.0                 # parameters stepped by a CPU optimizer op
+    deps: tuple[int, ...] = ()
+    alloc: tuple[Alloc, ...] = ()       # taken when the op starts
+    free: tuple[Alloc, ...] = ()        # given back when the op ends
+    purpose: str = ""                   # e.g. 'fetch', 'prefetch', 'grad bucket', 'post-step'
+
+
+@dataclass
+class ClassSchedule:
+    """The ops of one rank class (one pipeline stage), by stream, plus resident memory."""
+
+    streams: dict[Stream, list[Op]] = field(default_factory=dict)
+    resident: list[Alloc] = field(default_factory=list)  # allocated before the step starts
+
+    def ops(self) -> Iterator[Op]:
+        for stream in Stream:
+            yield from self.streams.get(stream, [])
+
+
+@dataclass
+class Schedule:
+    """What happens in one optimizer step, for every rank class."""
+
+    strategy: str
+    classes: list[ClassSchedule]
+    notes: list[str] = field(default_factory=list)
+
+    def ops(self, cls: int = 0) -> Iterator[Op]:
+        return self.classes[cls].ops()
+
+
+class Builder:
+    """Appends ops to the streams of one class; ids are unique within the class."""
+
+    def __init__(self) -> None:
+        self.cls = ClassSchedule()
+        self._next = 0
+
+    def add(self, stream: Stream, kind: Kind, name: str, phase: Phase, micro_step: int,
+            **fields: object) -> int:
+        deps = tuple(sorted({d for d in fields.pop("deps", ()) if d is not None}))  # type: ignore[union-attr]
+        op = Op(self._next, stream, kind, name, phase, micro_step, deps=deps, **fields)  # type: ignore[arg-type]
+        self.cls.streams.setdefault(stream, []).append(op)
+        self._next += 1
+        return op.id
+
+    def last(self, stream: Stream) -> int | None:
+        """Id of the newest op on `stream` (its completion = a CUDA event on that stream)."""
+        ops = self.cls.streams.get(stream)
+        return ops[-1].id if ops else None
+
+    def resident(self, category: Mem, label: str, nbytes: float) -> None:
+        if nbytes > 0:
+            self.cls.resident.append(Alloc(category, label, nbytes))
