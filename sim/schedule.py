@@ -79,11 +79,13 @@ class Op:
     micro_step: int
     layer: int | None = None            # transformer block, None outside the blocks
     flops: float = 0.0                  # compute / optimizer work
-    mem_bytes: float = 0.0              # HBM traffic of compute / optimizer ops
+    mem_bytes: float = 0.0              # HBM traffic of the GEMMs (roofline with the FLOPs)
+    elementwise_bytes: float = 0.0      # HBM traffic of memory-bound kernels, added after
     coll: Coll | None = None
     axis: Axis | None = None            # the group a collective runs on
     nbytes: float = 0.0                 # collective buffer S (nccl-tests convention) or copy bytes
-    params: float = 0.0                 # parameters stepped by a CPU optimizer op
+    params: float = 0.0                 # parameters stepped by an optimizer op
+    direction: Stream | None = None     # PCIe direction of a copy (H2D or D2H)
     deps: tuple[int, ...] = ()
     alloc: tuple[Alloc, ...] = ()       # taken when the op starts
     free: tuple[Alloc, ...] = ()        # given back when the op ends
@@ -113,6 +115,15 @@ class Schedule:
     def ops(self, cls: int = 0) -> Iterator[Op]:
         return self.classes[cls].ops()
 
+    def ops_by_id(self, cls: int) -> dict[int, Op]:
+        cache = self._by_id.get(cls)
+        if cache is None:
+            cache = self._by_id[cls] = {op.id: op for op in self.classes[cls].ops()}
+        return cache
+
+    def __post_init__(self) -> None:
+        self._by_id: dict[int, dict[int, Op]] = {}
+
 
 class Builder:
     """Appends ops to the streams of one class; ids are unique within the class."""
@@ -120,10 +131,21 @@ class Builder:
     def __init__(self) -> None:
         self.cls = ClassSchedule()
         self._next = 0
+        self.host_gate: int | None = None
+
+    def host_sync(self, op_id: int | None) -> None:
+        """The host blocks until `op_id` completes: every op issued later depends on it.
+
+        Only the newest sync is kept: sync targets lie on in-order streams, so a later
+        target implies the earlier ones on its stream.
+        """
+        if op_id is not None:
+            self.host_gate = op_id
 
     def add(self, stream: Stream, kind: Kind, name: str, phase: Phase, micro_step: int,
             **fields: object) -> int:
-        deps = tuple(sorted({d for d in fields.pop("deps", ()) if d is not None}))  # type: ignore[union-attr]
+        raw = [*fields.pop("deps", ()), self.host_gate]  # type: ignore[misc]
+        deps = tuple(sorted({d for d in raw if d is not None}))
         op = Op(self._next, stream, kind, name, phase, micro_step, deps=deps, **fields)  # type: ignore[arg-type]
         self.cls.streams.setdefault(stream, []).append(op)
         self._next += 1

@@ -150,3 +150,24 @@ def ddp_volume(n_params: float, dp: int, *, bytes_per_element: int = 2) -> Volum
     """PyTorch DDP (and ZeroRedundancyOptimizer's gradient half): bucketed all-reduce of
     all gradients once per step (no_sync during accumulation), 2 Psi (N-1)/N."""
     return Volume(all_reduce=2 * (dp - 1) / dp * n_params * bytes_per_element)
+
+
+def flat_padded(n_params: int, dp: int, alignment: int = 2) -> int:
+    """DeepSpeed ZeRO-1/2 pad the flat 16-bit buffer to a multiple of alignment x dp
+    elements (`nccl_start_alignment_factor` = 2, stage_1_and_2.py) before partitioning."""
+    unit = alignment * dp
+    return -(-n_params // unit) * unit
+
+
+def tensor_padded(numel: int, dp: int) -> int:
+    """DeepSpeed ZeRO-3 partitions each tensor into dp equal pieces of ceil(numel / dp)."""
+    return -(-numel // dp) * dp
+
+
+def dim0_padded(shape: tuple[int, ...], dp: int) -> int:
+    """FSDP2 shards dim 0 with torch.chunk, padded to a multiple of dp rows."""
+    rows = -(-shape[0] // dp) * dp
+    rest = 1
+    for d in shape[1:]:
+        rest *= d
+    return rows * rest

@@ -48,9 +48,11 @@ class GroupShape:
 
 
 def compute_time(flops: float, mem_bytes: float, peak_flops: float, matmul_efficiency: float,
-                 memory_bandwidth: float, memory_efficiency: float) -> float:
-    """Roofline: the slower of the arithmetic and the memory traffic."""
-    return max(flops / (peak_flops * matmul_efficiency), mem_bytes / (memory_bandwidth * memory_efficiency))
+                 memory_bandwidth: float, memory_efficiency: float, elementwise_bytes: float = 0.0) -> float:
+    """Roofline for the GEMMs (the slower of arithmetic and traffic), plus memory-bound
+    elementwise kernels (norms, activations, residuals, softmax) at HBM speed."""
+    hbm = memory_bandwidth * memory_efficiency
+    return max(flops / (peak_flops * matmul_efficiency), mem_bytes / hbm) + elementwise_bytes / hbm
 
 
 def gpu_adam_time(params: float, cluster: ClusterSpec) -> float:

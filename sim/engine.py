@@ -1,0 +1,169 @@
+"""The discrete-event engine: ranks with CUDA-like streams, shared links, memory pools.
+
+Each simulated rank runs one SimPy process per stream, walking that stream's ops in order
+(CUDA stream semantics); an op starts when the previous op of its stream has ended and
+every dependency (an event on another stream) has fired. Collectives meet at a rendezvous
+(full mode: every member rank is simulated) or run for the representative rank alone
+(representative mode: one rank per class stands for all its symmetric peers; its links
+carry the same flows, so both modes give the same times on symmetric layouts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import simpy
+
+from sim.analytic import opcost
+from sim.layout import Layout
+from sim.memory_pool import MemoryPool
+from sim.network import FlowNetwork
+from sim.scenario import Scenario
+from sim.schedule import Kind, Op, Schedule, Stream
+
+
+class Mode(StrEnum):
+    REPRESENTATIVE = "representative"
+    FULL = "full"
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it processes (for the benchmark)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.processed = 0
+
+    def step(self) -> None:
+        self.processed += 1
+        super().step()
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One executed op: when it was ready, when it started and ended, what held it up."""
+
+    rank: int
+    step: int
+    op: Op
+    ready: float
+    start: float
+    end: float
+    blocker: Op | None     # the dependency that ended last, when the op had to wait for it
+
+
+@dataclass
+class Engine:
+    scenario: Scenario
+    schedule: Schedule
+    layout: Layout
+    mode: Mode = Mode.REPRESENTATIVE
+    env: CountingEnvironment = field(default_factory=CountingEnvironment)
+    spans: list[Span] = field(default_factory=list)
+    step_bounds: list[tuple[float, float]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        world = self.layout.world_size
+        self.ranks = list(self.layout.representatives) if self.mode is Mode.REPRESENTATIVE else list(range(world))
+        cluster = self.scenario.cluster
+        capacity: dict[Any, float] = {}
+        for r in self.ranks:
+            for link in opcost.LinkClass:
+                capacity[(r, link)] = opcost.link_capacity(link, cluster)
+            capacity[(r, Stream.H2D)] = capacity[(r, Stream.D2H)] = opcost.pcie_bandwidth(cluster)
+        self.network = FlowNetwork(self.env, capacity)
+        self.pools = {r: MemoryPool(r, cluster.gpu.memory) for r in self.ranks}
+        self._meetings: dict[tuple[Any, ...], list[Any]] = {}
+
+    # -- running ---------------------------------------------------------------------------
+    def run(self, steps: int = 1) -> None:
+        """Simulate `steps` optimizer steps back to back."""
+        for r in self.ranks:
+            for alloc in self.schedule.classes[self.layout.class_of(r)].resident:
+                self.pools[r].allocate(alloc, 0.0)
+        for step in range(steps):
+            start = self.env.now
+            done: dict[int, dict[int, simpy.Event]] = {}
+            ends: dict[int, dict[int, float]] = {}
+            procs = []
+            for r in self.ranks:
+                cls = self.schedule.classes[self.layout.class_of(r)]
+                done[r] = {op.id: self.env.event() for op in cls.ops()}
+                ends[r] = {}
+                for stream, ops in cls.streams.items():
+                    procs.append(self.env.process(self._stream(r, step, ops, done[r], ends[r])))
+            self.env.run(until=self.env.all_of(procs))
+            self.step_bounds.append((start, self.env.now))
+
+    def _stream(self, rank: int, step: int, ops: list[Op], done: dict[int, simpy.Event],
+                ends: dict[int, float]) -> Generator[simpy.Event, Any, None]:
+        pool = self.pools[rank]
+        for op in ops:
+            ready = self.env.now
+            if op.deps:
+                yield self.env.all_of([done[d] for d in op.deps])
+            blocker = None
+            if self.env.now > ready:
+                last = max(op.deps, key=lambda d: (ends[d], d))
+                blocker = self._op(rank, last)
+            start = self.env.now
+            for alloc in op.alloc:
+                pool.allocate(alloc, start)
+            yield from self._execute(rank, step, op)
+            for alloc in op.free:
+                pool.free(alloc, self.env.now)
+            ends[op.id] = self.env.now
+            self.spans.append(Span(rank, step, op, ready, start, self.env.now, blocker))
+            done[op.id].succeed()
+
+    def _op(self, rank: int, op_id: int) -> Op:
+        return self.schedule.ops_by_id(self.layout.class_of(rank))[op_id]
+
+    def _execute(self, rank: int, step: int, op: Op) -> Generator[simpy.Event, Any, None]:
+        s, cluster = self.scenario, self.scenario.cluster
+        gpu = cluster.gpu
+        if op.kind is Kind.COMPUTE:
+            yield self.env.timeout(opcost.compute_time(
+                op.flops, op.mem_bytes, gpu.peak_flops(s.training.precision), gpu.matmul_efficiency,
+                gpu.memory_bandwidth, gpu.memory_bandwidth_efficiency, op.elementwise_bytes))
+        elif op.kind is Kind.OPTIMIZER:
+            yield self.env.timeout(opcost.gpu_adam_time(op.params, cluster))
+        elif op.kind is Kind.CPU_OPTIMIZER:
+            yield self.env.timeout(opcost.cpu_adam_time(op.params, cluster, s.gpus_per_node))
+        elif op.kind is Kind.COPY:
+            yield self.env.timeout(cluster.host.pcie.latency)
+            yield self.network.transfer(op.nbytes, [((rank, op.direction or op.stream), 1.0)])
+        else:
+            yield from self._collective(rank, step, op)
+
+    def _collective(self, rank: int, step: int, op: Op) -> Generator[simpy.Event, Any, None]:
+        assert op.axis is not None and op.coll is not None
+        members = self.layout.group(op.axis, rank)
+        if self.mode is Mode.REPRESENTATIVE:
+            yield self.env.process(self._run_collective(op, members, (rank,)))
+            return
+        key = (step, op.id, members)
+        meeting = self._meetings.setdefault(key, [0, self.env.event()])
+        meeting[0] += 1
+        if meeting[0] == len(members):
+            del self._meetings[key]
+            self.env.process(self._run_collective(op, members, members, meeting[1]))
+        yield meeting[1]
+
+    def _run_collective(self, op: Op, members: tuple[int, ...], simulated: tuple[int, ...],
+                        done: simpy.Event | None = None) -> Generator[simpy.Event, Any, None]:
+        """Latency, then the bus bytes as one flow over the ports of the simulated members."""
+        nodes, per_node = self.layout.span(members)
+        shape = opcost.GroupShape(len(members), nodes, per_node)
+        override = self.scenario.comm.override(op.axis)
+        assert op.coll is not None
+        for phase in opcost.collective_phases(op.coll, op.nbytes, shape, self.scenario.cluster,
+                                              self.scenario.comm.algorithm):
+            yield self.env.timeout(phase.latency)
+            links = [((r, link), mult) for r in simulated for link, mult in phase.links]
+            yield self.network.transfer(phase.bus_bytes, links, override)
+        if done is not None:
+            done.succeed()

@@ -1,0 +1,114 @@
+"""simulate(scenario) -> SimulationResult: plan the step, run the DES, collect the numbers.
+
+The results contract (design.md): step time, tokens/s for the job, model and hardware
+TFLOPS per GPU, MFU, the time breakdown, peak memory with its components (the rank with
+the highest peak), and the collectives of one optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from sim.analytic.compute import step_flops
+from sim.analytic.opcost import wire_bytes_per_rank
+from sim.engine import Engine, Mode
+from sim.layout import Layout
+from sim.result import TimeBreakdown, attribute
+from sim.scenario import Scenario
+from sim.schedule import Kind, Mem, Schedule
+from sim.strategies import layout_of, plan
+
+
+@dataclass
+class SimulationResult:
+    scenario: Scenario
+    schedule: Schedule
+    layout: Layout
+    engine: Engine
+    mode: Mode
+    steps: int
+    step_time_s: float
+    breakdown: TimeBreakdown
+    model_flops: float
+    hardware_flops: float
+
+    @property
+    def fits(self) -> bool:
+        return all(p.oom is None for p in self.engine.pools.values())
+
+    def peak_pool(self):  # type: ignore[no-untyped-def]
+        return max(self.engine.pools.values(), key=lambda p: (p.peak, -p.rank))
+
+    def comm_table(self) -> list[dict[str, Any]]:
+        """Collectives of one optimizer step on the representative rank, by kind and group."""
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for op in self.schedule.ops(0):
+            if op.kind is not Kind.COLLECTIVE:
+                continue
+            assert op.axis is not None and op.coll is not None
+            n = len(self.layout.group(op.axis, self.layout.representatives[0]))
+            row = rows.setdefault((op.coll.value, op.axis.value), {
+                "op": op.coll.value, "group": op.axis.value, "group_size": n, "count": 0,
+                "bytes_per_rank": 0.0, "message_bytes": 0.0})
+            row["count"] += 1
+            row["bytes_per_rank"] += wire_bytes_per_rank(op.coll, op.nbytes, n)
+            row["message_bytes"] += op.nbytes
+        return [rows[k] for k in sorted(rows)]
+
+    def to_json(self) -> dict[str, Any]:
+        s, t = self.scenario, self.scenario.training
+        gpus = s.world_size
+        peak = self.peak_pool()
+        b = self.breakdown
+        per_gpu_tflops = self.model_flops / gpus / self.step_time_s / 1e12
+        return {
+            "scenario": s.name, "fits": self.fits, "step_time_s": self.step_time_s,
+            "tokens_per_s": t.global_batch * t.seq_len / self.step_time_s,
+            "tflops_per_gpu": per_gpu_tflops,
+            "hw_tflops_per_gpu": self.hardware_flops / gpus / self.step_time_s / 1e12,
+            "mfu": per_gpu_tflops * 1e12 / s.cluster.gpu.peak_flops(t.precision),
+            "time": {"compute_s": b.compute_s, "exposed_comm_s": b.exposed_comm_s,
+                     "exposed_offload_s": b.exposed_offload_s, "bubble_s": b.bubble_s,
+                     "optimizer_s": b.optimizer_s},
+            "exposed_comm_by_kind_s": dict(sorted(b.exposed_by_kind.items())),
+            "exposed_comm_by_layer_s": dict(sorted(b.exposed_by_layer.items(), key=lambda kv: _layer_key(kv[0]))),
+            "memory": {"peak_bytes": peak.peak, "rank": peak.rank, "device_bytes": peak.capacity,
+                       "params_bytes": peak.peak_breakdown.get(Mem.PARAMS, 0.0),
+                       "grads_bytes": peak.peak_breakdown.get(Mem.GRADS, 0.0),
+                       "optimizer_bytes": peak.peak_breakdown.get(Mem.OPTIMIZER, 0.0),
+                       "activations_bytes": peak.peak_breakdown.get(Mem.ACTIVATIONS, 0.0),
+                       "buffers_bytes": peak.peak_breakdown.get(Mem.BUFFERS, 0.0),
+                       "out_of_memory": peak.oom},
+            "comm": self.comm_table(),
+            "engine": s.engine.value, "schedule": self.schedule.strategy, "mode": self.mode.value,
+            "steps": self.steps, "notes": self.schedule.notes,
+        }
+
+
+def _layer_key(name: str) -> tuple[int, int]:
+    return (1, -1) if name == "-" else (0, int(name))
+
+
+def simulate(s: Scenario, *, steps: int = 1, mode: Mode = Mode.REPRESENTATIVE) -> SimulationResult:
+    """Plan and simulate `steps` optimizer steps; report the last one."""
+    schedule = plan(s)
+    layout = layout_of(s)
+    engine = Engine(s, schedule, layout, mode)
+    engine.run(steps)
+    start, end = engine.step_bounds[-1]
+    rank = layout.representatives[0]
+    spans = [sp for sp in engine.spans if sp.rank == rank and sp.step == steps - 1]
+    breakdown = attribute(spans, start, end)
+    t = s.training
+    model, hardware = step_flops(s.model, t.seq_len, t.global_batch, recompute=t.recompute)
+    return SimulationResult(s, schedule, layout, engine, mode, steps, end - start, breakdown, model, hardware)
+
+
+def volume_by_kind(result: SimulationResult) -> dict[str, float]:
+    """Bytes one rank sends per step, by collective kind (for the analytic cross-check)."""
+    out: dict[str, float] = defaultdict(float)
+    for row in result.comm_table():
+        out[row["op"]] += row["bytes_per_rank"]
+    return dict(out)

@@ -1,0 +1,237 @@
+"""DeepSpeed ZeRO-3 as implemented (stage3.py, partitioned_param_coordinator.py,
+parameter_offload.py; reference 1.4).
+
+Fetch unit: every module that owns parameters. Tensors with numel <= the persistence
+threshold are persistent (replicated, gathered once after each step). Before a module runs
+(forward, recompute and backward alike) its missing parameters are all-gathered in one
+coalesced call on the all-gather stream and the compute stream waits for it; then, the
+trace being known (steady state: the first iteration records it and does not prefetch),
+the coordinator prefetches the next modules of the trace up to
+min(max_live_parameters - available, prefetch_bucket_size) elements, in one call. The
+host keeps at most two fetch events outstanding. After a module, its parameters are
+released unless used again within `max_reuse_distance` elements of trace. Gradients fill
+the IPG bucket (flush on overflow of `reduce_bucket_size`), each bucket one
+reduce_scatter_tensor on the reduce stream, at most two in flight before the host waits.
+The step runs Adam on this rank's partition (or CPU-Adam with offload) and all-gathers
+the persistent parameters; no other parameter gather follows the step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+
+from sim.analytic.comm import tensor_padded
+from sim.schedule import Alloc, Coll, Kind, Mem, Phase, Schedule, Stream
+from sim.strategies.buckets import DeepSpeedBucket
+from sim.strategies.common import Planner, Use
+
+MAX_ONGOING_FETCHES = 2     # partitioned_param_coordinator.py __max_ongoing_fetch_events
+MAX_REDUCE_EVENTS = 2       # stage3.py max_param_reduce_events
+
+
+class Zero3Planner(Planner):
+    name = "deepspeed-zero3"
+    per_module = True
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        assert self.s.zero is not None
+        self.z = self.s.zero
+        self.h = self.elem(self.half)
+        self.persistent = self._persistent_tensors()
+        # parameters each granule fetches: (owner name, gathered elements, padded elements)
+        self.fetch: dict[int, tuple[str, int, int]] = {}
+        for i, g in enumerate(self.granules):
+            owner = g.shares or g.name
+            own = self.granules[self._owner_index(owner)]
+            numels = [n for j, n in enumerate(own.tensors) if (owner, j) not in self.persistent]
+            if numels:
+                self.fetch[i] = (owner, sum(numels), sum(tensor_padded(n, self.dp) for n in numels))
+        self.padded_total = sum(tensor_padded(n, self.dp) for g in self.granules for n in g.tensors)
+        self.persistent_numel = sum(self.granules[self._owner_index(o)].tensors[j] for o, j in self.persistent)
+        self.bucket = DeepSpeedBucket(self.z.reduce_bucket_size)
+        self.bucket_padded = 0
+        self.reductions: deque[int] = deque()
+        self.last_reduction: int | None = None
+        self.offload_copies: list[int] = []
+        self.hook_time: int | None = None
+
+    def _owner_index(self, name: str) -> int:
+        return next(i for i, g in enumerate(self.granules) if g.name == name)
+
+    def _persistent_tensors(self) -> set[tuple[str, int]]:
+        """ds_persist: numel <= param_persistence_threshold, until model_persistence_threshold."""
+        out, total = set(), 0
+        for g in self.granules:
+            for j, n in enumerate(g.tensors):
+                if n <= self.z.param_persistence_threshold and total + n <= self.z.model_persistence_threshold:
+                    out.add((g.name, j))
+                    total += n
+        return out
+
+    def resident(self) -> None:
+        shard = self.padded_total / self.dp
+        opt, par = self.z.offload_optimizer.enabled, self.z.offload_param.enabled
+        if not par:
+            self.b.resident(Mem.PARAMS, "16-bit parameter partition", self.h * shard)
+        self.b.resident(Mem.PARAMS, "persistent parameters", self.h * self.persistent_numel)
+        if not opt:
+            self.b.resident(Mem.GRADS, "16-bit gradient partition", self.h * shard)
+            self.b.resident(Mem.OPTIMIZER, "fp32 master parameters", 4.0 * shard)
+            self.b.resident(Mem.OPTIMIZER, "Adam m and v", 8.0 * shard)
+        self.b.resident(Mem.BUFFERS, "IPG bucket", self.h * self.z.reduce_bucket_size)
+
+    # -- fetching ---------------------------------------------------------------------------
+    def build(self) -> Schedule:
+        self.resident()
+        for ms in range(self.t.grad_accum):
+            self.micro_step(ms)
+        self.optimizer_step()
+        return Schedule(self.name, [self.b.cls], self.notes())
+
+    def micro_step(self, ms: int) -> None:
+        trace = self.trace(ms)
+        keys = [self.fetch.get(u.index) for u in trace]
+        available: dict[str, tuple[int, int]] = {}       # owner -> (AG op, elements)
+        outstanding: deque[int] = deque()
+        n_available = 0
+        for pos, use in enumerate(trace):
+            key = keys[pos]
+            deps: list[int | None] = []
+            # The pre-hook of this use runs when the previous use's compute is done: gathers
+            # issued here overlap this use's compute at most (host view of the allocator).
+            self.hook_time = self.b.last(Stream.COMPUTE)
+            if key and key[0] not in available:
+                ag = self._all_gather([key], ms, use, "fetch", outstanding)
+                available[key[0]] = (ag, key[1])
+                n_available += key[1]
+            if key:
+                deps.append(available[key[0]][0])
+            budget = min(self.z.max_live_parameters - n_available, self.z.prefetch_bucket_size)
+            batch = self._prefetch_batch(keys, pos, available, budget)
+            if batch:
+                ag = self._all_gather(batch, ms, use, "prefetch", outstanding)
+                for k in batch:
+                    available[k[0]] = (ag, k[1])
+                    n_available += k[1]
+            self._pending.extend(deps)
+            op = self._emit_use(use)
+            if key and self._release(keys, pos):
+                n_available -= available.pop(key[0])[1]
+                self._free_after(op, key)
+        for owner, (ag, _) in list(available.items()):   # release_and_reset_all at the end
+            self._free_after(self.b.last(Stream.COMPUTE), self._key_of(owner))
+        self.end_of_backward(ms)
+
+    def _key_of(self, owner: str) -> tuple[str, int, int]:
+        return next(k for k in self.fetch.values() if k[0] == owner)
+
+    def _prefetch_batch(self, keys, pos, available, budget):  # type: ignore[no-untyped-def]
+        batch, numel, seen = [], 0, set(available)
+        for key in keys[pos + 1:]:
+            if numel >= budget:
+                break
+            if key and key[0] not in seen:
+                batch.append(key)
+                seen.add(key[0])
+                numel += key[1]
+        return batch
+
+    def _release(self, keys, pos) -> bool:  # type: ignore[no-untyped-def]
+        """Release unless the owner is used again within max_reuse_distance elements."""
+        owner = keys[pos][0]
+        distance = 0
+        for key in keys[pos + 1:]:
+            if key and key[0] == owner:
+                return distance > self.z.max_reuse_distance
+            if key:
+                distance += key[1]
+        return True
+
+    def _all_gather(self, batch, ms, use, purpose, outstanding) -> int:  # type: ignore[no-untyped-def]
+        padded = sum(k[2] for k in batch)
+        deps: list[int | None] = [self.hook_time]
+        if self.z.offload_param.enabled:
+            deps.append(self.copy(Stream.H2D, self.h * padded / self.dp, "H2D parameter partition",
+                                  self._phase(use), ms))
+        alloc = tuple(Alloc(Mem.PARAMS, f"gathered {k[0]}", self.h * k[2]) for k in batch)
+        names = ", ".join(k[0] for k in batch) if len(batch) <= 3 else f"{len(batch)} modules"
+        ag = self.collective(Stream.ALLGATHER, Coll.ALL_GATHER, self.h * padded, f"all-gather {names}",
+                             self._phase(use), ms, deps=deps, alloc=alloc,
+                             layer=self.granules[use.index].block, purpose=purpose)
+        outstanding.append(ag)
+        if len(outstanding) > MAX_ONGOING_FETCHES:
+            self.b.host_sync(outstanding.popleft())   # the host synchronizes the oldest fetch event
+        return ag
+
+    def _phase(self, use: Use) -> Phase:
+        return Phase.FWD if use.what == "F" else Phase.BWD
+
+    def _free_after(self, op: int | None, key: tuple[str, int, int]) -> None:
+        """Give the gathered copy back when compute op `op` ends."""
+        ops = self.b.cls.streams[Stream.COMPUTE]
+        idx = next(i for i in range(len(ops) - 1, -1, -1) if ops[i].id == op)
+        ops[idx] = replace(ops[idx], free=ops[idx].free + (Alloc(Mem.PARAMS, f"gathered {key[0]}", self.h * key[2]),))
+
+    def _emit_use(self, use: Use) -> int:
+        self.emit(use)
+        last = self.b.last(Stream.COMPUTE)
+        assert last is not None
+        return last
+
+    # -- gradients --------------------------------------------------------------------------
+    def after_use(self, use: Use, op: int) -> None:
+        g = self.granules[use.index]
+        if use.what != "B" or g.shares:
+            return
+        for n in reversed(g.tensors):
+            flushed = self.bucket.add(n)
+            for elements in flushed:
+                self._reduce_scatter(use.micro_step, op, g.block)
+            self.bucket_padded += tensor_padded(n, self.dp)
+
+    def _reduce_scatter(self, ms: int, producer: int | None, layer: int | None) -> None:
+        """Reduce what the bucket holds except its newest gradient (DeepSpeed flushes first)."""
+        padded = self.bucket_padded
+        self.bucket_padded = 0
+        rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, self.h * padded, "reduce_scatter bucket",
+                             Phase.BWD, ms, deps=[producer], layer=layer, purpose="grad bucket")
+        self.last_reduction = rs
+        self.reductions.append(rs)
+        if len(self.reductions) > MAX_REDUCE_EVENTS:
+            self.b.host_sync(self.reductions.popleft())
+        if self.z.offload_optimizer.enabled and ms == self.boundary:
+            self.offload_copies.append(self.copy(Stream.D2H, self.h * padded / self.dp, "D2H gradient partition",
+                                                 Phase.BWD, ms, stream=Stream.REDUCE, deps=[rs], layer=layer))
+
+    def end_of_backward(self, ms: int) -> None:
+        if self.bucket.flush():
+            self._reduce_scatter(ms, self.b.last(Stream.COMPUTE), None)
+        self.b.host_sync(self.last_reduction)   # the backward epilogue synchronizes the reduce stream
+        if self.offload_copies:
+            self.b.host_sync(self.offload_copies[-1])
+        self.reductions.clear()
+
+    # -- the step ---------------------------------------------------------------------------
+    def optimizer_step(self) -> None:
+        norm = self.grad_norm()
+        shard = self.padded_total / self.dp
+        if self.z.offload_optimizer.enabled:
+            cpu = self.b.add(Stream.CPU, Kind.CPU_OPTIMIZER, "CPU-Adam",
+                             Phase.STEP, self.boundary, params=shard, deps=[norm, *self.offload_copies])
+            up = self.copy(Stream.H2D, shard * self.h, "H2D 16-bit partition", Phase.STEP, self.boundary,
+                           deps=[cpu])
+            self.wait_before_next_compute(up)
+        else:
+            tile = min(shard, self.z.sub_group_size)
+            self.adam(shard, deps=[norm], holds=(Alloc(Mem.OPTIMIZER, "fp32 gradient sub-group", 4.0 * tile),))
+        if self.persistent_numel:
+            padded = sum(tensor_padded(self.granules[self._owner_index(o)].tensors[j], self.dp)
+                         for o, j in self.persistent)
+            self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * padded, "all-gather persistent parameters",
+                            Phase.STEP, self.boundary, purpose="post-step")
+
+    def notes(self) -> list[str]:
+        return [f"ZeRO-3 steady state (trace recorded, prefetch on): {len(self.fetch)} fetch units, "
+                f"{len(self.persistent)} persistent tensors ({self.persistent_numel:,} elements)"]
