@@ -19,7 +19,13 @@ from sim.errors import InputError, allowed
 from sim.memory_report import quick_report, scenario_report
 from sim.memory_text import format_memory
 from sim.plots import save_memory_plot
+from sim.check import check_rows, holds
+from sim.engine import Mode
+from sim.run_text import format_run
 from sim.scenario import load_scenario
+from sim.simulate import simulate
+from sim.tables import event_table
+from sim.trace import write_chrome_trace
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 2, 3
 _SIZE = re.compile(r"^\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
@@ -58,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="allocator fragmentation allowance as a fraction of activations + buffers")
     mem.add_argument("--json", action="store_true", help="print one JSON object")
     mem.add_argument("--plot", metavar="PNG", help="also draw the breakdown by stage to this PNG file")
+    run = sub.add_parser("run", help="simulate a training step: time, MFU, exposed communication, memory",
+                         description="Simulate optimizer steps of a scenario with the discrete-event engine.")
+    run.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name")
+    run.add_argument("--json", action="store_true", help="print one JSON object (the results contract)")
+    run.add_argument("--trace", metavar="OUT.json", help="write a Chrome / Perfetto trace")
+    run.add_argument("--steps", type=int, default=1, help="optimizer steps to simulate (default 1)")
+    run.add_argument("--mode", choices=[m.value for m in Mode], default="representative",
+                     help="simulate one rank per symmetry class, or every rank")
+    run.add_argument("--events", metavar="OUT.csv", help="write the tidy event table (pandas) as CSV")
+    chk = sub.add_parser("check", help="DES vs analytic twin, side by side")
+    chk.add_argument("scenarios", nargs="+", help="scenario files or bundled names")
     cat = sub.add_parser("catalog", help="list bundled models, hardware and scenarios")
     cat.add_argument("kind", nargs="?", choices=KINDS)
     return parser
@@ -101,13 +118,40 @@ def _fraction(value: float) -> float:
     return value
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        raise InputError("command line", "--steps", f"got {args.steps}; allowed: an integer >= 1")
+    scenario = load_scenario(scenario_path(args.scenario))
+    result = simulate(scenario, steps=args.steps, mode=Mode(args.mode))
+    report = result.to_json()
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_run(report, scenario.question))
+    if args.trace:
+        write_chrome_trace(result, args.trace)
+    if args.events:
+        event_table(result).to_csv(args.events, index=False)
+    return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    failed = 0
+    for arg in args.scenarios:
+        result = simulate(load_scenario(scenario_path(arg)))
+        print(f"{result.scenario.name}")
+        print(f"  {'quantity':44s}{'DES':>18s}{'analytic':>18s}  ok")
+        for name, des, analytic, rel in check_rows(result):
+            ok = holds(des, analytic, rel)
+            failed += not ok
+            print(f"  {name:44s}{des:18.6g}{analytic:18.6g}  {'yes' if ok else 'NO'}")
+    return EXIT_OK if not failed else 1
+
+
 def cmd_catalog(args: argparse.Namespace) -> int:
     for kind in [args.kind] if args.kind else KINDS:
         print(f"{kind}: {', '.join(catalog_names(kind))}")
     return EXIT_OK
 
 
-COMMANDS = {"memory": cmd_memory, "catalog": cmd_catalog}
+COMMANDS = {"memory": cmd_memory, "run": cmd_run, "check": cmd_check, "catalog": cmd_catalog}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

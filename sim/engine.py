@@ -61,6 +61,7 @@ class Engine:
     schedule: Schedule
     layout: Layout
     mode: Mode = Mode.REPRESENTATIVE
+    serial: bool = False        # run every op of a rank one at a time, in issue order
     env: CountingEnvironment = field(default_factory=CountingEnvironment)
     spans: list[Span] = field(default_factory=list)
     step_bounds: list[tuple[float, float]] = field(default_factory=list)
@@ -93,7 +94,8 @@ class Engine:
                 cls = self.schedule.classes[self.layout.class_of(r)]
                 done[r] = {op.id: self.env.event() for op in cls.ops()}
                 ends[r] = {}
-                for stream, ops in cls.streams.items():
+                lanes = [sorted(cls.ops(), key=lambda o: o.id)] if self.serial else list(cls.streams.values())
+                for ops in lanes:
                     procs.append(self.env.process(self._stream(r, step, ops, done[r], ends[r])))
             self.env.run(until=self.env.all_of(procs))
             self.step_bounds.append((start, self.env.now))

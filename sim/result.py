@@ -48,10 +48,12 @@ class TimeBreakdown:
         return self.compute_s + self.exposed_comm_s + self.exposed_offload_s + self.bubble_s + self.optimizer_s
 
 
-def attribute(spans: list, step_start: float, step_end: float) -> TimeBreakdown:  # type: ignore[type-arg]
-    """Walk one rank's spans of one step and attribute its compute-stream timeline."""
+def attribute(spans: list, step_start: float, step_end: float,  # type: ignore[type-arg]
+              serial: bool = False) -> TimeBreakdown:
+    """Walk one rank's spans of one step and attribute its compute-stream timeline (every
+    op when the rank ran serially)."""
     out = TimeBreakdown()
-    compute = sorted((s for s in spans if s.op.stream is Stream.COMPUTE), key=lambda s: s.start)
+    compute = sorted((s for s in spans if serial or s.op.stream is Stream.COMPUTE), key=lambda s: (s.start, s.op.id))
     for s in compute:
         if s.start > s.ready:
             assert s.blocker is not None

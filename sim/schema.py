@@ -94,7 +94,8 @@ def read_table(table: Mapping[str, Any], keys: Sequence[Key], source: str | Path
             out[key.field] = key.default
             continue
         value = check_value(table[key.name], key, source, dotted)
-        out[key.field] = value * key.si_factor if key.si_factor != 1.0 else value
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        out[key.field] = value * key.si_factor if numeric and key.si_factor != 1.0 else value
     return out
 
 

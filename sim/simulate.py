@@ -91,16 +91,18 @@ def _layer_key(name: str) -> tuple[int, int]:
     return (1, -1) if name == "-" else (0, int(name))
 
 
-def simulate(s: Scenario, *, steps: int = 1, mode: Mode = Mode.REPRESENTATIVE) -> SimulationResult:
-    """Plan and simulate `steps` optimizer steps; report the last one."""
+def simulate(s: Scenario, *, steps: int = 1, mode: Mode = Mode.REPRESENTATIVE,
+             serial: bool = False) -> SimulationResult:
+    """Plan and simulate `steps` optimizer steps; report the last one. `serial` runs each
+    rank's ops one at a time in issue order (no overlap: the cross-check's identity case)."""
     schedule = plan(s)
     layout = layout_of(s)
-    engine = Engine(s, schedule, layout, mode)
+    engine = Engine(s, schedule, layout, mode, serial)
     engine.run(steps)
     start, end = engine.step_bounds[-1]
     rank = layout.representatives[0]
     spans = [sp for sp in engine.spans if sp.rank == rank and sp.step == steps - 1]
-    breakdown = attribute(spans, start, end)
+    breakdown = attribute(spans, start, end, serial)
     t = s.training
     model, hardware = step_flops(s.model, t.seq_len, t.global_batch, recompute=t.recompute)
     return SimulationResult(s, schedule, layout, engine, mode, steps, end - start, breakdown, model, hardware)

@@ -32,6 +32,7 @@ def greedy_partition(numels: list[int], ranks: int) -> list[list[int]]:
 
 class DdpPlanner(Planner):
     name = "ddp"
+    per_module = True   # gradient hooks fire per parameter, as each module's backward ends
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)  # type: ignore[arg-type]

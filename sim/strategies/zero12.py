@@ -31,6 +31,7 @@ STAGE0_BUCKET = 500_000_000  # MEMORY_OPT_ALLREDUCE_SIZE (deepspeed/runtime/cons
 
 class Zero12Planner(Planner):
     name = "deepspeed-zero12"
+    per_module = True   # gradient hooks fire per parameter, as each module's backward ends
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)  # type: ignore[arg-type]

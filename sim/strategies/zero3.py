@@ -7,8 +7,9 @@ threshold are persistent (replicated, gathered once after each step). Before a m
 coalesced call on the all-gather stream and the compute stream waits for it; then, the
 trace being known (steady state: the first iteration records it and does not prefetch),
 the coordinator prefetches the next modules of the trace up to
-min(max_live_parameters - available, prefetch_bucket_size) elements, in one call. The
-host keeps at most two fetch events outstanding. After a module, its parameters are
+min(max_live_parameters - available, prefetch_bucket_size) elements, in one call. Waiting
+on in-flight parameters records a fetch event; with more than two outstanding the host
+synchronizes the oldest. After a module, its parameters are
 released unless used again within `max_reuse_distance` elements of trace. Gradients fill
 the IPG bucket (flush on overflow of `reduce_bucket_size`), each bucket one
 reduce_scatter_tensor on the reduce stream, at most two in flight before the host waits.
@@ -94,8 +95,10 @@ class Zero3Planner(Planner):
         trace = self.trace(ms)
         keys = [self.fetch.get(u.index) for u in trace]
         available: dict[str, tuple[int, int]] = {}       # owner -> (AG op, elements)
-        outstanding: deque[int] = deque()
-        n_available = 0
+        skipped: dict[str, int] = {}                     # owner -> latest trace use passed by prefetch
+        outstanding: deque[int] = deque()                # fetch events the host has not synced
+        inflight: set[str] = set()                       # gathered but not yet waited for
+        n_available, queue = 0, 0
         for pos, use in enumerate(trace):
             key = keys[pos]
             deps: list[int | None] = []
@@ -103,53 +106,70 @@ class Zero3Planner(Planner):
             # issued here overlap this use's compute at most (host view of the allocator).
             self.hook_time = self.b.last(Stream.COMPUTE)
             if key and key[0] not in available:
-                ag = self._all_gather([key], ms, use, "fetch", outstanding)
+                ag = self._all_gather([key], ms, use, "fetch")
                 available[key[0]] = (ag, key[1])
+                inflight.add(key[0])
                 n_available += key[1]
             if key:
                 deps.append(available[key[0]][0])
+                if key[0] in inflight:   # waiting on an in-flight gather records a fetch event
+                    inflight.discard(key[0])
+                    outstanding.append(available[key[0]][0])
+                    if len(outstanding) > MAX_ONGOING_FETCHES:
+                        self.b.host_sync(outstanding.popleft())   # the host synchronizes the oldest
+            queue = max(queue, pos + 1)
             budget = min(self.z.max_live_parameters - n_available, self.z.prefetch_bucket_size)
-            batch = self._prefetch_batch(keys, pos, available, budget)
+            batch, queue = self._prefetch_batch(keys, queue, available, skipped, budget)
             if batch:
-                ag = self._all_gather(batch, ms, use, "prefetch", outstanding)
+                ag = self._all_gather(batch, ms, use, "prefetch")
                 for k in batch:
                     available[k[0]] = (ag, k[1])
+                    inflight.add(k[0])
                     n_available += k[1]
             self._pending.extend(deps)
             op = self._emit_use(use)
-            if key and self._release(keys, pos):
+            if key and self._release(keys, pos, skipped):
                 n_available -= available.pop(key[0])[1]
                 self._free_after(op, key)
-        for owner, (ag, _) in list(available.items()):   # release_and_reset_all at the end
+        for owner in list(available):   # release_and_reset_all at the end of backward
             self._free_after(self.b.last(Stream.COMPUTE), self._key_of(owner))
         self.end_of_backward(ms)
 
     def _key_of(self, owner: str) -> tuple[str, int, int]:
         return next(k for k in self.fetch.values() if k[0] == owner)
 
-    def _prefetch_batch(self, keys, pos, available, budget):  # type: ignore[no-untyped-def]
-        batch, numel, seen = [], 0, set(available)
-        for key in keys[pos + 1:]:
-            if numel >= budget:
-                break
-            if key and key[0] not in seen:
+    def _prefetch_batch(self, keys, queue, available, skipped, budget):  # type: ignore[no-untyped-def]
+        """Pop the trace queue until `budget` elements are being prefetched; a use whose
+        parameters are already available is marked, so they are not released before it."""
+        batch, numel, chosen = [], 0, set()
+        while queue < len(keys) and numel < budget:
+            key = keys[queue]
+            if key and key[0] in available:
+                skipped[key[0]] = queue
+            elif key and key[0] not in chosen:
                 batch.append(key)
-                seen.add(key[0])
+                chosen.add(key[0])
                 numel += key[1]
-        return batch
+            queue += 1
+        return batch, queue
 
-    def _release(self, keys, pos) -> bool:  # type: ignore[no-untyped-def]
-        """Release unless the owner is used again within max_reuse_distance elements."""
+    def _release(self, keys, pos, skipped) -> bool:  # type: ignore[no-untyped-def]
+        """DeepSpeed's __params_to_release: keep parameters whose later use prefetch skipped,
+        or that reappear among the modules visited before max_reuse_distance elements."""
         owner = keys[pos][0]
-        distance = 0
+        if skipped.get(owner, -1) > pos:
+            return False
+        traversed = 0
         for key in keys[pos + 1:]:
-            if key and key[0] == owner:
-                return distance > self.z.max_reuse_distance
+            if traversed >= self.z.max_reuse_distance:
+                break
             if key:
-                distance += key[1]
+                if key[0] == owner:
+                    return False
+                traversed += key[1]
         return True
 
-    def _all_gather(self, batch, ms, use, purpose, outstanding) -> int:  # type: ignore[no-untyped-def]
+    def _all_gather(self, batch, ms, use, purpose) -> int:  # type: ignore[no-untyped-def]
         padded = sum(k[2] for k in batch)
         deps: list[int | None] = [self.hook_time]
         if self.z.offload_param.enabled:
@@ -160,9 +180,6 @@ class Zero3Planner(Planner):
         ag = self.collective(Stream.ALLGATHER, Coll.ALL_GATHER, self.h * padded, f"all-gather {names}",
                              self._phase(use), ms, deps=deps, alloc=alloc,
                              layer=self.granules[use.index].block, purpose=purpose)
-        outstanding.append(ag)
-        if len(outstanding) > MAX_ONGOING_FETCHES:
-            self.b.host_sync(outstanding.popleft())   # the host synchronizes the oldest fetch event
         return ag
 
     def _phase(self, use: Use) -> Phase:

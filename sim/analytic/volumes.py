@@ -1,0 +1,90 @@
+"""Bytes per rank per step by collective kind, for each engine as implemented, in closed
+form from the model's tensors: the twin of the planner's collectives (sim/strategies).
+
+Exact under stated assumptions: DeepSpeed ZeRO-3 with `stage3_max_reuse_distance = 0`
+(every module gathered once forward and once backward) and untied embeddings; padding as
+the engines pad (ZeRO-1/2: flat buffer to 2 x dp; ZeRO-3: each tensor to dp pieces;
+FSDP2: dim 0 of each tensor to dp rows).
+"""
+
+from __future__ import annotations
+
+from sim.analytic.comm import ddp_volume, dim0_padded, flat_padded, tensor_padded, zero_volume_paper
+from sim.analytic.memory import ZeroStage
+from sim.model import ModelSpec, module_tree
+
+
+def _ar(n_bytes: float, dp: int) -> float:
+    return 2 * (dp - 1) / dp * n_bytes
+
+
+def _once(n_bytes: float, dp: int) -> float:
+    return (dp - 1) / dp * n_bytes
+
+
+def deepspeed_volume(m: ModelSpec, dp: int, stage: int, *, grad_accum: int, elem: int,
+                     clipping: bool, persistence_threshold: int = 100_000,
+                     multi_rank_allreduce: bool = True, full_recompute: bool = False) -> dict[str, float]:
+    """DeepSpeed ZeRO-0/1/2/3 (reference 1.5), grad-norm all-reduce of 4 B when clipping.
+    ZeRO-3 gathers each module for forward, for backward and, with full recomputation, for
+    the recomputed forward as well."""
+    mods = module_tree(m)
+    numels = [t.numel for mod in mods for t in mod.tensors]
+    psi = sum(numels)
+    out: dict[str, float] = {}
+    norm = _ar(4.0, dp) if clipping else 0.0
+    if stage == ZeroStage.PARAMETERS:
+        def gathered(in_blocks: bool) -> int:
+            return sum(tensor_padded(t.numel, dp) for mod in mods if (mod.block is not None) == in_blocks
+                       for t in mod.tensors if t.numel > persistence_threshold)
+        persistent = sum(tensor_padded(n, dp) for n in numels if n <= persistence_threshold)
+        uses = gathered(True) * (3 if full_recompute else 2) + 2 * gathered(False)  # blocks are recomputed
+        out["all_gather"] = grad_accum * _once(elem * uses, dp) + (_once(elem * persistent, dp) if persistent else 0.0)
+        out["reduce_scatter"] = grad_accum * _once(elem * sum(tensor_padded(n, dp) for n in numels), dp)
+        out["all_reduce"] = norm
+        return {k: v for k, v in out.items() if v}
+    reductions = grad_accum if stage == ZeroStage.GRADIENTS else 1
+    if stage > 0 and not multi_rank_allreduce:
+        out["reduce"] = reductions * _once(elem * psi, dp)
+        out["all_reduce"] = norm
+    else:
+        out["all_reduce"] = reductions * _ar(elem * psi, dp) + norm
+    if stage > 0:
+        out["all_gather"] = _once(elem * flat_padded(psi, dp), dp)
+    return {k: v for k, v in out.items() if v}
+
+
+def ddp_engine_volume(m: ModelSpec, dp: int, *, zero_redundancy: bool, clipping: bool) -> dict[str, float]:
+    """torch DDP: fp32 gradients all-reduced once per step; ZeroRedundancyOptimizer adds a
+    broadcast of every fp32 parameter from its owner."""
+    psi = sum(t.numel for mod in module_tree(m) for t in mod.tensors)
+    out = {"all_reduce": ddp_volume(psi, dp, bytes_per_element=4).all_reduce + (_ar(4.0, dp) if clipping else 0.0)}
+    if zero_redundancy:
+        out["broadcast"] = _once(4.0 * psi, dp)
+    return out
+
+
+def fsdp2_volume(m: ModelSpec, dp: int, *, grad_accum: int, param_bytes: int, reduce_bytes: int,
+                 reshard_after_forward: bool, clipping: bool) -> dict[str, float]:
+    """FSDP2 per block + root: forward all-gather of every unit, backward all-gather of the
+    resharded blocks (not the root), one reduce-scatter per unit, every micro-step."""
+    blocks = sum(dim0_padded(t.shape, dp) for mod in module_tree(m) if mod.block is not None for t in mod.tensors)
+    total = sum(dim0_padded(t.shape, dp) for mod in module_tree(m) for t in mod.tensors)
+    gathered = total + (blocks if reshard_after_forward else 0)
+    out = {"all_gather": grad_accum * _once(param_bytes * gathered, dp),
+           "reduce_scatter": grad_accum * _once(reduce_bytes * total, dp)}
+    if clipping:
+        out["all_reduce"] = _ar(4.0, dp)
+    return out
+
+
+def paper_volume(m: ModelSpec, dp: int, stage: int, *, grad_accum: int, elem: int) -> dict[str, float]:
+    """The ZeRO paper's schedules by kind: stage 0 all-reduce; 1 reduce-scatter + all-gather;
+    2 reduce + all-gather; 3 broadcast (forward and backward) + reduce."""
+    psi = sum(t.numel for mod in module_tree(m) for t in mod.tensors)
+    v = zero_volume_paper(psi, dp, ZeroStage(stage), grad_accum=grad_accum, bytes_per_element=elem)
+    if stage == ZeroStage.PARAMETERS:
+        return {"broadcast": v.all_gather_forward + v.all_gather_backward, "reduce": v.reduce_scatter}
+    out = {"all_reduce": v.all_reduce, "reduce_scatter": v.reduce_scatter, "reduce": v.reduce,
+           "all_gather": v.all_gather_after_step}
+    return {k: x for k, x in out.items() if x}

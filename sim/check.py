@@ -1,0 +1,117 @@
+"""DES vs the analytic twin, side by side (`zerosim check`): bytes per collective kind,
+step time against its bounds, peak memory against the model states.
+
+Bounds: with every op's cost taken in isolation (sim.analytic.opcost), the step can be no
+shorter than the busiest stream's work and no longer than all the work done one op at a
+time (the serial schedule, which the DES reproduces exactly when asked to serialise).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from sim.analytic import opcost
+from sim.analytic.memory import ZeroStage, model_state_bytes
+from sim.analytic.params import total_params
+from sim.analytic.volumes import deepspeed_volume, ddp_engine_volume, fsdp2_volume, paper_volume
+from sim.scenario import Engine, Scenario, ScheduleMode
+from sim.schedule import Kind, Op, Stream
+from sim.units import BYTES_PER_ELEMENT
+
+
+def expected_volume(s: Scenario) -> dict[str, float]:
+    """The analytic twin's bytes per rank per step by collective kind."""
+    t, dp, m = s.training, s.parallel.dp, s.model
+    half = BYTES_PER_ELEMENT[t.precision.value]
+    clipping = t.gradient_clipping > 0
+    if s.schedule_mode is ScheduleMode.PAPER:
+        return paper_volume(m, dp, int(s.zero_stage), grad_accum=t.grad_accum, elem=half)
+    if s.engine is Engine.FSDP2:
+        f = s.fsdp
+        assert f is not None
+        p = BYTES_PER_ELEMENT[f.param_dtype or t.precision.value]
+        r = BYTES_PER_ELEMENT[f.reduce_dtype or f.param_dtype or t.precision.value]
+        return fsdp2_volume(m, dp, grad_accum=t.grad_accum, param_bytes=p, reduce_bytes=r,
+                            reshard_after_forward=bool(f.reshard_after_forward), clipping=clipping)
+    if s.engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY):
+        return ddp_engine_volume(m, dp, zero_redundancy=s.engine is Engine.DDP_ZERO_REDUNDANCY, clipping=clipping)
+    z = s.zero
+    assert z is not None
+    return deepspeed_volume(m, dp, int(z.stage), grad_accum=t.grad_accum, elem=half, clipping=clipping,
+                            persistence_threshold=z.param_persistence_threshold,
+                            multi_rank_allreduce=not (z.reduce_scatter and not z.use_multi_rank_bucket_allreduce),
+                            full_recompute=t.recompute.value == "full")
+
+
+def op_cost(op: Op, s: Scenario, layout: Any) -> float:
+    """Closed-form duration of one op with nothing else running."""
+    gpu, cluster = s.cluster.gpu, s.cluster
+    if op.kind is Kind.COMPUTE:
+        return opcost.compute_time(op.flops, op.mem_bytes, gpu.peak_flops(s.training.precision),
+                                   gpu.matmul_efficiency, gpu.memory_bandwidth,
+                                   gpu.memory_bandwidth_efficiency, op.elementwise_bytes)
+    if op.kind is Kind.OPTIMIZER:
+        return opcost.gpu_adam_time(op.params, cluster)
+    if op.kind is Kind.CPU_OPTIMIZER:
+        return opcost.cpu_adam_time(op.params, cluster, s.gpus_per_node)
+    if op.kind is Kind.COPY:
+        return cluster.host.pcie.latency + op.nbytes / opcost.pcie_bandwidth(cluster)
+    assert op.axis is not None and op.coll is not None
+    members = layout.group(op.axis, layout.representatives[0])
+    nodes, per_node = layout.span(members)
+    phases = opcost.collective_phases(op.coll, op.nbytes, opcost.GroupShape(len(members), nodes, per_node),
+                                      cluster, s.comm.algorithm)
+    return opcost.isolated_time(phases, cluster, s.comm.override(op.axis))
+
+
+@dataclass(frozen=True)
+class Bounds:
+    busiest_stream_s: float   # lower bound
+    serial_s: float           # upper bound
+    by_stream: dict[str, float]
+
+
+def step_bounds(result: Any) -> Bounds:
+    per_stream: dict[str, float] = defaultdict(float)
+    for op in result.schedule.ops(0):
+        per_stream[op.stream.value] += op_cost(op, result.scenario, result.layout)
+    return Bounds(max(per_stream.values()), sum(per_stream.values()), dict(per_stream))
+
+
+def check_rows(result: Any) -> list[tuple[str, float, float, str]]:
+    """(quantity, DES, analytic, relation) rows for one simulated scenario."""
+    from sim.simulate import volume_by_kind
+    s = result.scenario
+    rows = []
+    des = volume_by_kind(result)
+    exp = expected_volume(s)
+    for kind in sorted(set(des) | set(exp)):
+        rows.append((f"bytes/rank {kind}", des.get(kind, 0.0), exp.get(kind, 0.0), _relation(s, kind)))
+    b = step_bounds(result)
+    rows.append(("step time >= busiest stream (s)", result.step_time_s, b.busiest_stream_s, ">="))
+    rows.append(("step time <= serial sum (s)", result.step_time_s, b.serial_s, "<="))
+    stage = ZeroStage(int(s.zero_stage))
+    states = model_state_bytes(total_params(s.model), s.parallel.dp, stage).total
+    rows.append(("peak memory >= model states, paper (GB)", result.peak_pool().peak / 1e9, states / 1e9, ">="))
+    return rows
+
+
+def _relation(s: Scenario, kind: str) -> str:
+    """ZeRO-3 keeps a module gathered when it reappears within max_reuse_distance, or when
+    prefetch passed over its next use (partitioned_param_coordinator.py): unless both are
+    off, the closed form (every module gathered for every use) is an upper bound."""
+    z = s.zero
+    keeps = (z is not None and z.stage == ZeroStage.PARAMETERS
+             and (z.max_reuse_distance > 0 or z.prefetch_bucket_size > 0))
+    return "<=" if keeps and kind == "all_gather" and s.schedule_mode is ScheduleMode.IMPLEMENTED else "=="
+
+
+def holds(des: float, analytic: float, relation: str, rel: float = 1e-9) -> bool:
+    tol = rel * max(abs(des), abs(analytic), 1e-30)
+    if relation == "==":
+        return abs(des - analytic) <= tol
+    if relation == ">=":
+        return des >= analytic - tol
+    return des <= analytic + tol

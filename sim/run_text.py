@@ -1,0 +1,33 @@
+"""The short human report of `zerosim run`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+GB = 1e9
+
+
+def format_run(j: dict[str, Any], question: str) -> str:
+    t, mem = j["time"], j["memory"]
+    lines = [f"{j['scenario']}  [{j['engine']}, schedule {j['schedule']}, {j['mode']} mode]"]
+    if question:
+        lines.append(f"question: {question}")
+    lines += [
+        f"step time      {j['step_time_s']:.4f} s     tokens/s (job) {j['tokens_per_s']:,.0f}",
+        f"TFLOPS/GPU     {j['tflops_per_gpu']:.1f} model, {j['hw_tflops_per_gpu']:.1f} hardware     MFU {100 * j['mfu']:.1f}%",
+        "time           " + ", ".join(f"{k[:-2].replace('_', ' ')} {v:.4f} s" for k, v in t.items()),
+    ]
+    if j["exposed_comm_by_kind_s"]:
+        top = sorted(j["exposed_comm_by_kind_s"].items(), key=lambda kv: -kv[1])[:4]
+        lines.append("exposed comm   " + ", ".join(f"{k} {v:.4f} s" for k, v in top))
+    lines.append(f"peak memory    {mem['peak_bytes'] / GB:.2f} GB of {mem['device_bytes'] / GB:.1f} GB (rank {mem['rank']}): "
+                 + ", ".join(f"{k[:-6]} {mem[k] / GB:.2f}" for k in
+                             ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes")))
+    if not j["fits"]:
+        oom = mem["out_of_memory"]
+        lines.append(f"DOES NOT FIT: at {oom['time_s']:.4f} s allocating {oom['allocating']} "
+                     f"({oom['bytes'] / GB:.2f} GB) with {oom['in_use_bytes'] / GB:.2f} GB in use")
+    lines.append("collectives per step (per rank): " + "; ".join(
+        f"{c['op']} on {c['group']}({c['group_size']}) x{c['count']} {c['bytes_per_rank'] / GB:.3f} GB" for c in j["comm"]))
+    lines += [f"note: {n}" for n in j["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,57 @@
+"""Small scenarios for the DES cross-checks: a 4-layer Llama-like model, fast to simulate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.scenario import Scenario, scenario_from_table
+from sim.schema import read_toml
+
+TINY_MODEL = {"name": "tiny", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": 8, "ffn_hidden": 1376,
+              "vocab": 8000}
+
+STRATEGIES: dict[str, dict] = {
+    "ddp": {"engine": "ddp"},
+    "ddp-zero-redundancy": {"engine": "ddp-zero-redundancy"},
+    "ds-zero0": {"zero": {"stage": 0}},
+    "ds-zero1": {"zero": {"stage": 1}},
+    "ds-zero1-overlap": {"zero": {"stage": 1, "overlap_comm": True, "reduce_bucket_size": 2e6}},
+    "ds-zero2": {"zero": {"stage": 2, "reduce_bucket_size": 2e6}},
+    "ds-zero2-overlap": {"zero": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 2e6}},
+    "ds-zero2-per-rank-reduce": {"zero": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 2e6,
+                                          "use_multi_rank_bucket_allreduce": False}},
+    "ds-zero2-offload": {"zero": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 2e6,
+                                  "offload_optimizer": "cpu"}},
+    "ds-zero3": {"zero": {"stage": 3, "stage3_max_reuse_distance": 0, "reduce_bucket_size": 2e6,
+                          "stage3_prefetch_bucket_size": 0}},
+    "ds-zero3-prefetch": {"zero": {"stage": 3, "reduce_bucket_size": 2e6, "stage3_prefetch_bucket_size": 1e6}},
+    "ds-zero3-offload": {"zero": {"stage": 3, "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0,
+                                  "reduce_bucket_size": 2e6,
+                                  "offload_optimizer": "cpu", "offload_param": "cpu"}},
+    "fsdp2": {"fsdp": {}},
+    "fsdp2-no-reshard": {"fsdp": {"reshard_after_forward": False}},
+    "paper-zero0": {"zero": {"stage": 0}, "schedule": "paper"},
+    "paper-zero1": {"zero": {"stage": 1}, "schedule": "paper"},
+    "paper-zero2": {"zero": {"stage": 2}, "schedule": "paper"},
+    "paper-zero3": {"zero": {"stage": 3}, "schedule": "paper"},
+}
+
+
+def tiny(strategy: str, *, nodes: int = 1, grad_accum: int = 2, recompute: str = "none",
+         comm: dict | None = None, extra_zero: dict | None = None, model: dict | None = None,
+         seq_len: int = 512, micro_batch: int = 2) -> Scenario:
+    table: dict = {"model": model or TINY_MODEL, "cluster": "dgx-a100-80g", "nodes": nodes,
+                   "training": {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum": grad_accum,
+                                "precision": "bf16", "recompute": recompute}}
+    for key, value in STRATEGIES[strategy].items():
+        table[key] = {**value} if isinstance(value, dict) else value
+    if extra_zero:
+        table["zero"] = {**table.get("zero", {}), **extra_zero}
+    if comm:
+        table["comm"] = comm
+    return scenario_from_table(table, Path("tests/crosscheck/scenarios.py"), f"tiny-{strategy}")
+
+
+def bundled(name: str) -> Scenario:
+    path = Path(__file__).resolve().parents[2] / "scenarios" / f"{name}.toml"
+    return scenario_from_table(read_toml(path), path, name)
