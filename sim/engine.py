@@ -22,7 +22,7 @@ from sim.layout import Layout
 from sim.memory_pool import MemoryPool
 from sim.network import FlowNetwork
 from sim.scenario import Scenario
-from sim.schedule import Kind, Op, Schedule, Stream
+from sim.schedule import Coll, Kind, Op, Schedule, Stream
 
 
 class Mode(StrEnum):
@@ -78,6 +78,7 @@ class Engine:
         self.network = FlowNetwork(self.env, capacity)
         self.pools = {r: MemoryPool(r, cluster.gpu.memory) for r in self.ranks}
         self._meetings: dict[tuple[Any, ...], list[Any]] = {}
+        self._sends: dict[tuple[int, str, int], list[Any]] = {}   # (step, tag, receiver) -> [event, op]
 
     # -- running ---------------------------------------------------------------------------
     def run(self, steps: int = 1) -> None:
@@ -107,8 +108,14 @@ class Engine:
             ready = self.env.now
             if op.deps:
                 yield self.env.all_of([done[d] for d in op.deps])
+            local_end = self.env.now
+            for tag in op.waits_for:     # a pipeline send from the neighbouring stage
+                yield self._send_slot(step, tag, rank)[0]
             blocker = None
-            if self.env.now > ready:
+            if self.env.now > local_end:
+                blocker = max((self._send_slot(step, t, rank) for t in op.waits_for),
+                              key=lambda slot: (slot[2], slot[1].id))[1]
+            elif self.env.now > ready:
                 last = max(op.deps, key=lambda d: (ends[d], d))
                 blocker = self._op(rank, last)
             start = self.env.now
@@ -120,6 +127,24 @@ class Engine:
             ends[op.id] = self.env.now
             self.spans.append(Span(rank, step, op, ready, start, self.env.now, blocker))
             done[op.id].succeed()
+
+    def _send_slot(self, step: int, tag: str, receiver: int) -> list[Any]:
+        """[event, sending op, time] of a pipeline send, created by whichever side comes first."""
+        return self._sends.setdefault((step, tag, receiver), [self.env.event(), None, 0.0])
+
+    def _send(self, rank: int, step: int, op: Op) -> Generator[simpy.Event, Any, None]:
+        """A pipeline send: the activation (or its gradient) crosses to the neighbouring stage."""
+        c = self.layout.coords(rank)
+        receiver = self.layout.rank(type(c)(c.dp, c.pp + op.peer, c.tp))
+        nodes, per_node = self.layout.span((rank, receiver))
+        for phase in opcost.collective_phases(op.coll or Coll.SEND_RECV, op.nbytes,
+                                              opcost.GroupShape(2, nodes, per_node), self.scenario.cluster):
+            yield self.env.timeout(phase.latency)
+            links = [((rank, link), mult) for link, mult in phase.links if (rank, link) in self.network.capacity]
+            yield self.network.transfer(phase.bus_bytes, links, self.scenario.comm.override(op.axis))
+        slot = self._send_slot(step, op.tag, receiver)
+        slot[1], slot[2] = op, self.env.now
+        slot[0].succeed()
 
     def _op(self, rank: int, op_id: int) -> Op:
         return self.schedule.ops_by_id(self.layout.class_of(rank))[op_id]
@@ -135,6 +160,8 @@ class Engine:
             yield self.env.timeout(opcost.gpu_adam_time(op.params, cluster))
         elif op.kind is Kind.CPU_OPTIMIZER:
             yield self.env.timeout(opcost.cpu_adam_time(op.params, cluster, s.gpus_per_node))
+        elif op.tag:
+            yield from self._send(rank, step, op)
         elif op.kind is Kind.COPY:
             yield self.env.timeout(cluster.host.pcie.latency)
             yield self.network.transfer(op.nbytes, [((rank, op.direction or op.stream), 1.0)])

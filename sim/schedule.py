@@ -19,6 +19,7 @@ class Stream(StrEnum):
     COMPUTE = "compute"
     ALLGATHER = "comm (all-gather)"     # DeepSpeed ZeRO-3 / FSDP2 all-gather stream
     REDUCE = "comm (reduce)"            # reduction / reduce-scatter stream (also DDP's comm)
+    P2P = "comm (p2p)"                  # pipeline sends
     H2D = "h2d"
     D2H = "d2h"
     CPU = "cpu"
@@ -90,6 +91,9 @@ class Op:
     alloc: tuple[Alloc, ...] = ()       # taken when the op starts
     free: tuple[Alloc, ...] = ()        # given back when the op ends
     purpose: str = ""                   # e.g. 'fetch', 'prefetch', 'grad bucket', 'post-step'
+    tag: str = ""                       # a pipeline send: what the receiving stage waits for
+    peer: int = 0                       # a pipeline send: +1 to the next stage, -1 to the previous
+    waits_for: tuple[str, ...] = ()     # pipeline sends from another stage this op must receive
 
 
 @dataclass

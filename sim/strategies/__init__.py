@@ -19,22 +19,27 @@ def layout_of(s: Scenario) -> Layout:
     return Layout(tp=p.tp, pp=p.pp, dp=p.dp, gpus_per_node=s.gpus_per_node)
 
 
-def planner_for(s: Scenario, layout: Layout) -> Planner:
-    """The planner that replays the scenario's engine."""
-    if s.parallel.tp > 1 or s.parallel.pp > 1:
-        raise InputError(s.path or "scenario", "parallel", "tensor- and pipeline-parallel schedules are "
-                         "not simulated yet (zerosim memory covers them); allowed for `zerosim run`: tp = 1, pp = 1")
+def planner_for(s: Scenario, layout: Layout, stage: int = 0) -> Planner:
+    """The planner that replays the scenario's engine on pipeline stage `stage`."""
+    where = s.path or "scenario"
+    if s.parallel.pp > 1 and (s.schedule_mode is ScheduleMode.PAPER or s.engine is Engine.FSDP2):
+        raise InputError(where, "parallel.pp", "pipeline parallelism is simulated with DeepSpeed ZeRO-0/1 and "
+                         "DDP; with FSDP2 and the paper schedules it is not yet; allowed for `zerosim run`: pp = 1")
+    if s.parallel.tp > 1 and s.schedule_mode is ScheduleMode.PAPER:
+        raise InputError(where, "parallel.tp", "the paper schedules are data-parallel only; allowed: tp = 1")
     if s.schedule_mode is ScheduleMode.PAPER:
-        return PaperPlanner(s, layout)
+        return PaperPlanner(s, layout, stage)
     if s.engine is Engine.FSDP2:
-        return Fsdp2Planner(s, layout)
+        return Fsdp2Planner(s, layout, stage)
     if s.engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY):
-        return DdpPlanner(s, layout)
+        return DdpPlanner(s, layout, stage)
     assert s.zero is not None
-    return Zero3Planner(s, layout) if s.zero.stage == 3 else Zero12Planner(s, layout)
+    return Zero3Planner(s, layout, stage) if s.zero.stage == 3 else Zero12Planner(s, layout, stage)
 
 
 def plan(s: Scenario) -> Schedule:
-    """The per-rank-class schedule of one optimizer step."""
+    """The schedule of one optimizer step: one class (pipeline stage) after another."""
     layout = layout_of(s)
-    return planner_for(s, layout).build()
+    stages = [planner_for(s, layout, k).build() for k in range(layout.pp)]
+    return Schedule(stages[0].strategy, [c for st in stages for c in st.classes],
+                    list(dict.fromkeys(n for st in stages for n in st.notes)))

@@ -36,15 +36,26 @@ class Planner:
     name = "base"
     per_module = False   # ZeRO-3 plans per module; the others per block
 
-    def __init__(self, s: Scenario, layout: Layout) -> None:
-        self.s, self.layout = s, layout
+    def __init__(self, s: Scenario, layout: Layout, stage: int = 0) -> None:
+        self.s, self.layout, self.stage_index = s, layout, stage
         self.m, self.t, self.dp = s.model, s.training, layout.dp
         self.b = Builder()
         self._pending: list[int] = []
+        self._recv: str | None = None
         all_units = units(self.m, self.t.seq_len, self.t.micro_batch, layout.tp)
-        self.granules: list[Unit] = all_units if self.per_module else blocks(all_units)
+        granules = all_units if self.per_module else blocks(all_units)
+        self.granules: list[Unit] = [g for g in granules if self._on_this_stage(g)]
         self.psi = sum(u.numel for u in self.granules)   # parameters per TP rank
         self.boundary = self.t.grad_accum - 1
+
+    def _on_this_stage(self, g: Unit) -> bool:
+        """Pipeline stage k holds blocks [k L/pp, (k+1) L/pp); the first also the embedding,
+        the last the final norm and head (Megatron's uniform split)."""
+        pp, per = self.layout.pp, self.m.layers // self.layout.pp
+        if g.block is not None:
+            return g.block // per == self.stage_index
+        first = "embed" in g.name or g.name == "embedding"
+        return self.stage_index == (0 if first else pp - 1)
 
     # -- sizes -----------------------------------------------------------------------------
     def elem(self, dtype: str) -> int:
@@ -74,6 +85,9 @@ class Planner:
                 layer: int | None, deps: list[int | None] | None = None, **kw: object) -> int:
         deps = [*(deps or []), *self._pending]
         self._pending = []
+        if self._recv:
+            kw["waits_for"] = (self._recv,)
+            self._recv = None
         return self.b.add(Stream.COMPUTE, Kind.COMPUTE, name, phase, ms, flops=flops,
                           mem_bytes=mem_bytes, layer=layer, deps=deps, **kw)
 
@@ -106,18 +120,63 @@ class Planner:
 
     def build(self) -> Schedule:
         self.resident()
-        for ms in range(self.t.grad_accum):
-            for use in self.trace(ms):
-                self.emit(use)
-            self.end_of_backward(ms)
+        for ms, part in self.pipeline_order():
+            uses = self.trace(ms)
+            split = next(i for i, u in enumerate(uses + [Use("B", -1, ms)]) if u.what != "F")
+            if part in ("F", "FB"):
+                self.receive(ms, "F")
+                for use in uses[:split]:
+                    self.emit(use)
+                self.send(ms, "F")
+            if part in ("B", "FB"):
+                self.receive(ms, "B")
+                for use in uses[split:]:
+                    self.emit(use)
+                self.send(ms, "B")
+                self.end_of_backward(ms)
         self.optimizer_step()
         return Schedule(self.name, [self.b.cls], self.notes())
+
+    def pipeline_order(self) -> list[tuple[int, str]]:
+        """Micro-batch order of this stage: all of each micro-batch without pipelining; 1F1B
+        (PipeDream-Flush, Narayanan et al. 2021 Sec. 2.2) with it: p - k - 1 warm-up
+        forwards, then one forward and one backward in turn, then the remaining backwards."""
+        m, pp = self.t.grad_accum, self.layout.pp
+        if pp == 1:
+            return [(i, "FB") for i in range(m)]
+        warmup = min(pp - self.stage_index - 1, m)
+        order = [(i, "F") for i in range(warmup)]
+        for i in range(m - warmup):
+            order += [(warmup + i, "F"), (i, "B")]
+        return order + [(i, "B") for i in range(m - warmup, m)]
+
+    def activation_bytes_between_stages(self) -> float:
+        p = self.s.parallel
+        return 2.0 * self.t.seq_len * self.t.micro_batch * self.m.hidden / (p.tp if p.sequence_parallel else 1)
+
+    def receive(self, ms: int, direction: str) -> None:
+        """The next compute op waits for the neighbouring stage's send."""
+        last = self.layout.pp - 1
+        if (direction == "F" and self.stage_index > 0) or (direction == "B" and self.stage_index < last):
+            self._recv = f"{direction}{ms}"
+
+    def send(self, ms: int, direction: str) -> None:
+        last = self.layout.pp - 1
+        if (direction == "F" and self.stage_index < last) or (direction == "B" and self.stage_index > 0):
+            peer = 1 if direction == "F" else -1
+            target = self.stage_index + peer
+            self.b.add(Stream.P2P, Kind.COLLECTIVE, f"send {'activations' if peer > 0 else 'gradients'} "
+                       f"to stage {target}", Phase.FWD if peer > 0 else Phase.BWD, ms, coll=Coll.SEND_RECV,
+                       axis=Axis.PP, nbytes=self.activation_bytes_between_stages(),
+                       deps=[self.b.last(Stream.COMPUTE)], tag=f"{direction}{ms}", peer=peer, purpose="pipeline")
 
     def emit(self, use: Use) -> None:
         g = self.granules[use.index]
         first_of_block = g.block is not None and (use.index == 0 or self.granules[use.index - 1].block != g.block)
         deps = self.before_use(use)
         layer = g.block
+        last_of_block = g.block is not None and (use.index == len(self.granules) - 1
+                                                 or self.granules[use.index + 1].block != g.block)
         if use.what == "F":
             alloc = ()
             if first_of_block:
@@ -126,6 +185,8 @@ class Planner:
                 alloc = (Alloc(Mem.ACTIVATIONS, "activations head", self.head_activation_bytes()),)
             op = self.compute(f"fwd {g.name}", Phase.FWD, use.micro_step, g.fwd_flops, g.fwd_bytes, layer,
                               deps, alloc=alloc, elementwise_bytes=self.elementwise(first_of_block, 1))
+            if last_of_block or (g.block is None and g.fwd_bytes and "embed" in g.name):
+                op = self.tensor_parallel(use, 2 if last_of_block else 1) or op
         elif use.what == "R":
             alloc = ()
             if first_of_block:
@@ -133,10 +194,14 @@ class Planner:
                 alloc = (Alloc(Mem.ACTIVATIONS, f"recomputed block {g.block}", full),)
             op = self.compute(f"recompute {g.name}", Phase.BWD, use.micro_step, g.fwd_flops, g.fwd_bytes,
                               layer, deps, alloc=alloc, elementwise_bytes=self.elementwise(first_of_block, 1))
+            if last_of_block:
+                op = self.tensor_parallel(use, 2) or op
         else:
             extra = g.attention_flops if self.t.recompute is act.Recompute.SELECTIVE else 0.0
             self.compute(f"bwd-input {g.name}", Phase.BWD, use.micro_step, g.bwd_input_flops + extra,
                          g.bwd_bytes / 2, layer, deps, elementwise_bytes=self.elementwise(first_of_block, 2))
+            if first_of_block:
+                self.tensor_parallel(use, 2)
             free = ()
             if first_of_block:
                 free = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.block_activation_bytes()),)
@@ -153,6 +218,29 @@ class Planner:
         """Memory-bound kernel traffic of a block, charged to its first granule: about one
         read and write of its activations forward, twice that backward (estimate)."""
         return passes * self.block_activation_bytes(act.Recompute.NONE) if first_of_block else 0.0
+
+    def tensor_parallel(self, use: Use, count: int) -> int | None:
+        """Megatron tensor parallelism (Shoeybi et al. 2019 Sec. 3): per block two
+        all-reduces of s b h forward and two backward (one after attention, one after the
+        MLP; the embedding one forward), on the compute stream, nothing overlapped. With
+        sequence parallelism (Korthikanti et al. Sec. 4.2) each becomes an all-gather plus
+        a reduce-scatter of the same volume."""
+        if self.layout.tp == 1:
+            return None
+        nbytes = self.elem(self.half) * self.t.seq_len * self.t.micro_batch * self.m.hidden
+        phase = Phase.FWD if use.what == "F" else Phase.BWD
+        layer = self.granules[use.index].block
+        last = None
+        for _ in range(count):
+            if self.s.parallel.sequence_parallel:
+                self.collective(Stream.COMPUTE, Coll.ALL_GATHER, nbytes, "TP all-gather", phase, use.micro_step,
+                                axis=Axis.TP, layer=layer, purpose="tensor parallel")
+                last = self.collective(Stream.COMPUTE, Coll.REDUCE_SCATTER, nbytes, "TP reduce-scatter", phase,
+                                       use.micro_step, axis=Axis.TP, layer=layer, purpose="tensor parallel")
+            else:
+                last = self.collective(Stream.COMPUTE, Coll.ALL_REDUCE, nbytes, "TP all-reduce", phase,
+                                       use.micro_step, axis=Axis.TP, layer=layer, purpose="tensor parallel")
+        return last
 
     def head_activation_bytes(self) -> float:
         return act.outside_layers_activation_bytes(self.m, self.t.seq_len, self.t.micro_batch,

@@ -80,10 +80,21 @@ def test_full_mode_and_event_table(write_scenario, tmp_path, capsys):
     assert header.startswith("rank,node,step,stream,kind,name,op,layer,phase")
 
 
-def test_tensor_parallel_run_is_refused_clearly(capsys):
-    code = main(["run", str(SCENARIOS / "gpt3-175b_3d-zero1_dgx-a100-80gx16.toml")])
+def test_tensor_and_pipeline_parallel_run(write_scenario, capsys):
+    text = TINY.replace("nodes = 1", "nodes = 1\n[parallel]\ntp = 2\npp = 2").replace("stage = 3", "stage = 1")
+    text = text.replace("grad_accum = 2", "grad_accum = 4")
+    code, out = run_json([str(write_scenario(text))], capsys)
+    assert code == 0 and out["time"]["bubble_s"] > 0
+    groups = {(c["op"], c["group"]) for c in out["comm"]}
+    assert ("all_reduce", "tp") in groups and ("send_recv", "pp") in groups
+    assert sum(out["time"].values()) == pytest.approx(out["step_time_s"], rel=1e-9)
+
+
+def test_fsdp2_with_pipeline_is_refused_clearly(write_scenario, capsys):
+    text = TINY.replace("nodes = 1", "nodes = 1\n[parallel]\npp = 2").replace("[zero]\nstage = 3\n", "[fsdp]\n")
+    code = main(["run", str(write_scenario(text))])
     err = capsys.readouterr().err
-    assert code == 2 and "parallel" in err and "Traceback" not in err
+    assert code == 2 and "parallel.pp" in err and "Traceback" not in err
 
 
 def test_check_prints_des_and_analytic(write_scenario, capsys):
