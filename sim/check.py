@@ -14,16 +14,30 @@ from typing import Any
 
 from sim.analytic import opcost
 from sim.analytic.memory import ZeroStage, model_state_bytes
-from sim.analytic.params import total_params
-from sim.analytic.volumes import deepspeed_volume, ddp_engine_volume, fsdp2_volume, paper_volume
+from sim.analytic.placement import rank_tensors
+from sim.analytic.volumes import (add, ddp_engine_volume, deepspeed_volume,
+                                  fsdp2_volume, paper_volume, pipeline_volume, tensor_parallel_volume)
 from sim.scenario import Engine, Scenario, ScheduleMode
 from sim.schedule import Kind, Op, Stream
 from sim.units import BYTES_PER_ELEMENT
 
 
 def expected_volume(s: Scenario) -> dict[str, float]:
-    """The analytic twin's bytes per rank per step by collective kind."""
+    """The analytic twin's bytes per rank per step by collective kind, on pipeline stage 0."""
+    p, t = s.parallel, s.training
+    shape = dict(seq_len=t.seq_len, micro_batch=t.micro_batch, hidden=s.model.hidden, grad_accum=t.grad_accum)
+    blocks = s.model.layers // p.pp
+    tp = tensor_parallel_volume(blocks, True, p.tp, elem=BYTES_PER_ELEMENT[t.precision.value],
+                                sequence_parallel=p.sequence_parallel, full_recompute=t.recompute.value == "full",
+                                **shape)
+    pipe = pipeline_volume(0, p.pp, tp=p.tp, sequence_parallel=p.sequence_parallel, **shape)
+    return add(data_parallel_volume(s), tp, pipe)
+
+
+def data_parallel_volume(s: Scenario) -> dict[str, float]:
     t, dp, m = s.training, s.parallel.dp, s.model
+    tensors = rank_tensors(m, s.parallel.tp, s.parallel.pp, 0)
+    psi = sum(n for n, _ in tensors)
     half = BYTES_PER_ELEMENT[t.precision.value]
     clipping = t.gradient_clipping > 0
     if s.schedule_mode is ScheduleMode.PAPER:
@@ -36,10 +50,10 @@ def expected_volume(s: Scenario) -> dict[str, float]:
         return fsdp2_volume(m, dp, grad_accum=t.grad_accum, param_bytes=p, reduce_bytes=r,
                             reshard_after_forward=bool(f.reshard_after_forward), clipping=clipping)
     if s.engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY):
-        return ddp_engine_volume(m, dp, zero_redundancy=s.engine is Engine.DDP_ZERO_REDUNDANCY, clipping=clipping)
+        return ddp_engine_volume(psi, dp, zero_redundancy=s.engine is Engine.DDP_ZERO_REDUNDANCY, clipping=clipping)
     z = s.zero
     assert z is not None
-    return deepspeed_volume(m, dp, int(z.stage), grad_accum=t.grad_accum, elem=half, clipping=clipping,
+    return deepspeed_volume(tensors, dp, int(z.stage), grad_accum=t.grad_accum, elem=half, clipping=clipping,
                             persistence_threshold=z.param_persistence_threshold,
                             multi_rank_allreduce=not (z.reduce_scatter and not z.use_multi_rank_bucket_allreduce),
                             full_recompute=t.recompute.value == "full")
@@ -74,10 +88,14 @@ class Bounds:
 
 
 def step_bounds(result: Any) -> Bounds:
-    per_stream: dict[str, float] = defaultdict(float)
-    for op in result.schedule.ops(0):
-        per_stream[op.stream.value] += op_cost(op, result.scenario, result.layout)
-    return Bounds(max(per_stream.values()), sum(per_stream.values()), dict(per_stream))
+    """Lower bound: the busiest stream of any rank class; upper bound: every op of every
+    class one after another (with pipeline stages, the stages' work in sequence)."""
+    per_stream: dict[tuple[int, str], float] = defaultdict(float)
+    for cls in range(len(result.schedule.classes)):
+        for op in result.schedule.ops(cls):
+            per_stream[(cls, op.stream.value)] += op_cost(op, result.scenario, result.layout)
+    first = {stream: v for (cls, stream), v in per_stream.items() if cls == 0}
+    return Bounds(max(per_stream.values()), sum(per_stream.values()), first)
 
 
 def check_rows(result: Any) -> list[tuple[str, float, float, str]]:
@@ -93,7 +111,9 @@ def check_rows(result: Any) -> list[tuple[str, float, float, str]]:
     rows.append(("step time >= busiest stream (s)", result.step_time_s, b.busiest_stream_s, ">="))
     rows.append(("step time <= serial sum (s)", result.step_time_s, b.serial_s, "<="))
     stage = ZeroStage(int(s.zero_stage))
-    states = model_state_bytes(total_params(s.model), s.parallel.dp, stage).total
+    p = s.parallel
+    psi = max(sum(n for n, _ in rank_tensors(s.model, p.tp, p.pp, k)) for k in range(p.pp))
+    states = model_state_bytes(psi, p.dp, stage).total
     rows.append(("peak memory >= model states, paper (GB)", result.peak_pool().peak / 1e9, states / 1e9, ">="))
     return rows
 

@@ -10,7 +10,7 @@ copy of the embedding on the last stage when pp > 1); each stage holds L/pp bloc
 from __future__ import annotations
 
 from sim.analytic.params import embedding_params, layer_params, norm_params
-from sim.model import ModelSpec, Position
+from sim.model import ModelSpec, Position, module_tree
 
 
 def block_params_per_rank(m: ModelSpec, tp: int) -> float:
@@ -30,3 +30,20 @@ def params_per_stage(m: ModelSpec, tp: int, pp: int) -> list[float]:
         head = 0.0
     stages[-1] += norm_params(m) + head
     return stages
+
+
+def rank_tensors(m: ModelSpec, tp: int, pp: int, stage: int) -> list[tuple[int, bool]]:
+    """(numel on one TP rank, inside a block?) of every tensor pipeline stage `stage` holds:
+    Linear and embedding weights split t ways (rounded up), norms replicated."""
+    per = m.layers // pp
+    out = []
+    for mod in module_tree(m):
+        if mod.block is not None:
+            here = mod.block // per == stage
+        else:
+            here = stage == (0 if mod.kind == "embedding" else pp - 1)
+        if here:
+            for t in mod.tensors:
+                numel = t.numel if mod.kind == "norm" or tp == 1 else -(-t.numel // tp)
+                out.append((numel, mod.block is not None))
+    return out

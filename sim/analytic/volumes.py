@@ -22,21 +22,19 @@ def _once(n_bytes: float, dp: int) -> float:
     return (dp - 1) / dp * n_bytes
 
 
-def deepspeed_volume(m: ModelSpec, dp: int, stage: int, *, grad_accum: int, elem: int,
+def deepspeed_volume(tensors: list[tuple[int, bool]], dp: int, stage: int, *, grad_accum: int, elem: int,
                      clipping: bool, persistence_threshold: int = 100_000,
                      multi_rank_allreduce: bool = True, full_recompute: bool = False) -> dict[str, float]:
-    """DeepSpeed ZeRO-0/1/2/3 (reference 1.5), grad-norm all-reduce of 4 B when clipping.
-    ZeRO-3 gathers each module for forward, for backward and, with full recomputation, for
-    the recomputed forward as well."""
-    mods = module_tree(m)
-    numels = [t.numel for mod in mods for t in mod.tensors]
+    """DeepSpeed ZeRO-0/1/2/3 (reference 1.5) over one rank's tensors (numel, in a block?),
+    grad-norm all-reduce of 4 B when clipping. ZeRO-3 gathers each module for forward, for
+    backward and, with full recomputation, for the recomputed forward as well."""
+    numels = [n for n, _ in tensors]
     psi = sum(numels)
     out: dict[str, float] = {}
     norm = _ar(4.0, dp) if clipping else 0.0
     if stage == ZeroStage.PARAMETERS:
         def gathered(in_blocks: bool) -> int:
-            return sum(tensor_padded(t.numel, dp) for mod in mods if (mod.block is not None) == in_blocks
-                       for t in mod.tensors if t.numel > persistence_threshold)
+            return sum(tensor_padded(n, dp) for n, block in tensors if block == in_blocks and n > persistence_threshold)
         persistent = sum(tensor_padded(n, dp) for n in numels if n <= persistence_threshold)
         uses = gathered(True) * (3 if full_recompute else 2) + 2 * gathered(False)  # blocks are recomputed
         out["all_gather"] = grad_accum * _once(elem * uses, dp) + (_once(elem * persistent, dp) if persistent else 0.0)
@@ -54,10 +52,9 @@ def deepspeed_volume(m: ModelSpec, dp: int, stage: int, *, grad_accum: int, elem
     return {k: v for k, v in out.items() if v}
 
 
-def ddp_engine_volume(m: ModelSpec, dp: int, *, zero_redundancy: bool, clipping: bool) -> dict[str, float]:
+def ddp_engine_volume(psi: int, dp: int, *, zero_redundancy: bool, clipping: bool) -> dict[str, float]:
     """torch DDP: fp32 gradients all-reduced once per step; ZeroRedundancyOptimizer adds a
     broadcast of every fp32 parameter from its owner."""
-    psi = sum(t.numel for mod in module_tree(m) for t in mod.tensors)
     out = {"all_reduce": ddp_volume(psi, dp, bytes_per_element=4).all_reduce + (_ar(4.0, dp) if clipping else 0.0)}
     if zero_redundancy:
         out["broadcast"] = _once(4.0 * psi, dp)
@@ -88,3 +85,36 @@ def paper_volume(m: ModelSpec, dp: int, stage: int, *, grad_accum: int, elem: in
     out = {"all_reduce": v.all_reduce, "reduce_scatter": v.reduce_scatter, "reduce": v.reduce,
            "all_gather": v.all_gather_after_step}
     return {k: x for k, x in out.items() if x}
+
+
+def tensor_parallel_volume(blocks: int, embedding: bool, tp: int, *, seq_len: int, micro_batch: int,
+                           hidden: int, elem: int, grad_accum: int, sequence_parallel: bool,
+                           full_recompute: bool) -> dict[str, float]:
+    """Megatron: per block and micro-step 2 all-reduces of s b h forward, 2 backward, 2 more
+    when the forward is recomputed; one forward for a vocab-parallel embedding. Sequence
+    parallelism turns each into an all-gather plus a reduce-scatter (the same volume)."""
+    if tp == 1:
+        return {}
+    size = elem * seq_len * micro_batch * hidden
+    count = grad_accum * (blocks * (6 if full_recompute else 4) + (1 if embedding else 0))
+    if sequence_parallel:
+        return {"all_gather": count * _once(size, tp), "reduce_scatter": count * _once(size, tp)}
+    return {"all_reduce": count * _ar(size, tp)}
+
+
+def pipeline_volume(stage: int, pp: int, *, seq_len: int, micro_batch: int, hidden: int, tp: int,
+                    sequence_parallel: bool, grad_accum: int) -> dict[str, float]:
+    """1F1B sends of one stage: activations forward unless last, gradients back unless first."""
+    if pp == 1:
+        return {}
+    size = 2.0 * seq_len * micro_batch * hidden / (tp if sequence_parallel else 1)
+    sends = (stage < pp - 1) + (stage > 0)
+    return {"send_recv": grad_accum * sends * size}
+
+
+def add(*parts: dict[str, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in parts:
+        for k, v in part.items():
+            out[k] = out.get(k, 0.0) + v
+    return out

@@ -25,8 +25,9 @@ def planner_for(s: Scenario, layout: Layout, stage: int = 0) -> Planner:
     if s.parallel.pp > 1 and (s.schedule_mode is ScheduleMode.PAPER or s.engine is Engine.FSDP2):
         raise InputError(where, "parallel.pp", "pipeline parallelism is simulated with DeepSpeed ZeRO-0/1 and "
                          "DDP; with FSDP2 and the paper schedules it is not yet; allowed for `zerosim run`: pp = 1")
-    if s.parallel.tp > 1 and s.schedule_mode is ScheduleMode.PAPER:
-        raise InputError(where, "parallel.tp", "the paper schedules are data-parallel only; allowed: tp = 1")
+    if s.parallel.tp > 1 and (s.schedule_mode is ScheduleMode.PAPER or s.engine is Engine.FSDP2):
+        raise InputError(where, "parallel.tp", "tensor parallelism is simulated with DeepSpeed and DDP; with "
+                         "FSDP2 and the paper schedules it is not yet; allowed for `zerosim run`: tp = 1")
     if s.schedule_mode is ScheduleMode.PAPER:
         return PaperPlanner(s, layout, stage)
     if s.engine is Engine.FSDP2:

@@ -185,7 +185,7 @@ class Planner:
                 alloc = (Alloc(Mem.ACTIVATIONS, "activations head", self.head_activation_bytes()),)
             op = self.compute(f"fwd {g.name}", Phase.FWD, use.micro_step, g.fwd_flops, g.fwd_bytes, layer,
                               deps, alloc=alloc, elementwise_bytes=self.elementwise(first_of_block, 1))
-            if last_of_block or (g.block is None and g.fwd_bytes and "embed" in g.name):
+            if last_of_block or g.name in ("model.embed_tokens", "embedding"):   # vocab-parallel embedding
                 op = self.tensor_parallel(use, 2 if last_of_block else 1) or op
         elif use.what == "R":
             alloc = ()

@@ -13,9 +13,10 @@ from sim.simulate import simulate, volume_by_kind
 from tests.crosscheck.scenarios import STRATEGIES, tiny
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", [k for k, v in STRATEGIES.items() if v.get("parallel", {}).get("pp", 1) == 1])
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_serial_step_time_is_the_sum_of_op_costs(strategy, nodes):
+    # one rank class (no pipeline): the serial step is exactly the sum of its op costs
     s = tiny(strategy, nodes=nodes)
     r = simulate(s, serial=True)
     total = sum(op_cost(op, s, r.layout) for op in r.schedule.ops(0))
@@ -32,7 +33,8 @@ def test_des_agrees_with_the_analytic_twin(strategy, nodes):
     assert r.breakdown.total == pytest.approx(r.step_time_s, rel=1e-9)
 
 
-@pytest.mark.parametrize("strategy", ["ds-zero2", "ds-zero3", "fsdp2"])
+@pytest.mark.parametrize("strategy", ["ds-zero2", "ds-zero3", "fsdp2", "ds-zero3-tp2-full-recompute",
+                                      "ds-zero1-tp2-pp2"])
 def test_full_recompute_volumes(strategy):
     r = simulate(tiny(strategy, recompute="full"))
     for name, des, analytic, relation in check_rows(r):
@@ -56,13 +58,18 @@ def test_overlapped_step_lies_between_its_bounds(strategy):
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "ds-zero1", "ds-zero2-overlap", "ds-zero3", "fsdp2",
-                                      "ds-zero3-offload", "paper-zero3"])
+                                      "ds-zero3-offload", "paper-zero3", "ds-zero1-tp2-pp2",
+                                      "ddp-tp2-sequence-parallel"])
 def test_representative_and_full_mode_agree(strategy):
     s = tiny(strategy, nodes=2)
     rep, full = simulate(s), simulate(s, mode=Mode.FULL)
-    assert len(full.engine.ranks) == 16 and len(rep.engine.ranks) == 1
+    assert len(full.engine.ranks) == 16 and len(rep.engine.ranks) == s.parallel.pp
     assert full.step_time_s == pytest.approx(rep.step_time_s, rel=1e-9)
     assert full.peak_pool().peak == pytest.approx(rep.peak_pool().peak, rel=1e-9)
     assert volume_by_kind(full) == pytest.approx(volume_by_kind(rep), rel=1e-12)
-    ends = {r: max(sp.end for sp in full.engine.spans if sp.rank == r) for r in range(16)}
-    assert max(ends.values()) - min(ends.values()) <= 1e-9 * rep.step_time_s
+    for rep_rank in rep.layout.representatives:   # every rank of a class ends with its representative
+        ends = [max(sp.end for sp in full.engine.spans if sp.rank == r) for r in range(16)
+                if full.layout.class_of(r) == full.layout.class_of(rep_rank)]
+        rep_end = max(sp.end for sp in rep.engine.spans if sp.rank == rep_rank)
+        assert max(ends) - min(ends) <= 1e-9 * rep.step_time_s
+        assert ends[0] == pytest.approx(rep_end, rel=1e-9)
