@@ -18,7 +18,7 @@ from sim.analytic.placement import rank_tensors
 from sim.analytic.volumes import (add, ddp_engine_volume, deepspeed_volume,
                                   fsdp2_volume, paper_volume, pipeline_volume, tensor_parallel_volume)
 from sim.scenario import Engine, Scenario, ScheduleMode
-from sim.schedule import Kind, Op, Stream
+from sim.schedule import Kind, Op
 from sim.units import BYTES_PER_ELEMENT
 
 

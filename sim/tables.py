@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from sim.analytic.opcost import bus_factor
-from sim.schedule import Kind
+from sim.schedule import Coll, Kind
 
 
 def event_table(result: Any) -> pd.DataFrame:
@@ -40,7 +40,7 @@ def collective_summary(result: Any) -> pd.DataFrame:
         count=("latency_s", "size"), total_latency_s=("latency_s", "sum"))
     out["avg_latency_s"] = out["total_latency_s"] / out["count"]
     out["algbw_GBps"] = out["bytes"] / out["avg_latency_s"] / 1e9
-    out["busbw_GBps"] = [a * bus_factor(_coll(o), n) for a, o, n in
+    out["busbw_GBps"] = [a * bus_factor(Coll(o), n) for a, o, n in
                          zip(out["algbw_GBps"], out["op"], out["group_size"])]
     out["total_latency_ms"] = out["total_latency_s"] * 1e3
     out["avg_latency_ms"] = out["avg_latency_s"] * 1e3
@@ -48,7 +48,3 @@ def collective_summary(result: Any) -> pd.DataFrame:
     return out[["op", "message_bytes", "group_size", "count", "total_latency_ms", "avg_latency_ms",
                 "algbw_GBps", "busbw_GBps"]].sort_values(["op", "message_bytes"]).reset_index(drop=True)
 
-
-def _coll(name: str):  # type: ignore[no-untyped-def]
-    from sim.schedule import Coll
-    return Coll(name)

@@ -12,7 +12,7 @@ from its owner; the step waits for the most loaded rank.
 
 from __future__ import annotations
 
-from sim.schedule import Alloc, Coll, Mem, Phase, Stream
+from sim.schedule import Coll, Mem, Phase, Stream
 from sim.scenario import Engine
 from sim.strategies.buckets import DdpBucket
 from sim.strategies.common import Planner, Use
@@ -85,7 +85,7 @@ class DdpPlanner(Planner):
             return
         # _sync_params: every rank broadcasts each tensor it owns; all async, then waited.
         last = None
-        for idx, numel in enumerate(self.tensors):
+        for numel in self.tensors:
             last = self.collective(Stream.REDUCE, Coll.BROADCAST, numel * 4.0, "ZeroRedundancy broadcast",
                                    Phase.STEP, self.boundary, deps=[step], purpose="post-step")
         self.wait_before_next_compute(last)

@@ -203,8 +203,7 @@ class Zero3Planner(Planner):
         if use.what != "B" or g.shares:
             return
         for n in reversed(g.tensors):
-            flushed = self.bucket.add(n)
-            for elements in flushed:
+            if self.bucket.add(n):   # the bucket overflowed: reduce what it held before n
                 self._reduce_scatter(use.micro_step, op, g.block)
             self.bucket_padded += tensor_padded(n, self.dp)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -10,8 +9,7 @@ from sim.analytic.compute import korthikanti_model_flops, megatron_flops_per_ite
 from sim.analytic.params import active_params, gpt_params_megatron, total_params
 from sim.catalog import catalog_names
 from sim.model import module_tree
-from sim.models import load_model
-from tests.conftest import ROOT, catalog_model
+from tests.conftest import catalog_model
 
 HF_COUNTS = {  # Hugging Face model.num_parameters()
     "llama2-7b": 6_738_415_616, "llama2-13b": 13_015_864_320, "llama2-70b": 68_976_648_192,

@@ -101,3 +101,13 @@ def test_check_prints_des_and_analytic(write_scenario, capsys):
     assert main(["check", str(write_scenario(TINY))]) == 0
     out = capsys.readouterr().out
     assert "bytes/rank all_gather" in out and "step time <= serial sum" in out and " NO" not in out
+
+
+def test_collective_summary_has_log_summary_columns(write_scenario):
+    from sim.scenario import load_scenario
+    from sim.simulate import simulate
+    from sim.tables import collective_summary
+    table = collective_summary(simulate(load_scenario(write_scenario(TINY))))
+    assert list(table.columns) == ["op", "message_bytes", "group_size", "count", "total_latency_ms",
+                                   "avg_latency_ms", "algbw_GBps", "busbw_GBps"]
+    assert (table["busbw_GBps"] > 0).all() and set(table["op"]) == {"all_gather", "reduce_scatter", "all_reduce"}
