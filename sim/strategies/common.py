@@ -36,14 +36,15 @@ class Planner:
     name = "base"
     per_module = False   # ZeRO-3 plans per module; the others per block
 
-    def __init__(self, s: Scenario, layout: Layout, stage: int = 0) -> None:
+    def __init__(self, s: Scenario, layout: Layout, stage: int = 0, granules: list[Unit] | None = None) -> None:
         self.s, self.layout, self.stage_index = s, layout, stage
         self.m, self.t, self.dp = s.model, s.training, layout.dp
         self.b = Builder()
         self._pending: list[int] = []
         self._recv: str | None = None
         all_units = units(self.m, self.t.seq_len, self.t.micro_batch, layout.tp)
-        granules = all_units if self.per_module else blocks(all_units)
+        if granules is None:
+            granules = all_units if self.per_module else blocks(all_units)
         self.granules: list[Unit] = [g for g in granules if self._on_this_stage(g)]
         self.psi = sum(u.numel for u in self.granules)   # parameters per TP rank
         self.boundary = self.t.grad_accum - 1

@@ -34,8 +34,8 @@ class DdpPlanner(Planner):
     name = "ddp"
     per_module = True   # gradient hooks fire per parameter, as each module's backward ends
 
-    def __init__(self, *args: object) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
         self.grad_bytes = 4  # autocast keeps fp32 gradients
         self.zero1 = self.s.engine is Engine.DDP_ZERO_REDUNDANCY
         assert self.s.ddp is not None

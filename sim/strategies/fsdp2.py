@@ -28,8 +28,8 @@ TORCH_CPU_ADAM_SLOWDOWN = 6.0  # DeepSpeedCPUAdam is "5x to 7x" faster than torc
 class Fsdp2Planner(Planner):
     name = "fsdp2"
 
-    def __init__(self, *args: object) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
         f = self.s.fsdp
         assert f is not None
         where = self.s.path or "scenario"

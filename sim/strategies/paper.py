@@ -24,8 +24,8 @@ from sim.strategies.common import Planner, Use
 class PaperPlanner(Planner):
     name = "paper"
 
-    def __init__(self, *args: object) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
         self.stage = self.s.zero_stage
         self.h = self.elem(self.half)
         self.seg = self.psi / self.dp

@@ -33,8 +33,8 @@ class Zero12Planner(Planner):
     name = "deepspeed-zero12"
     per_module = True   # gradient hooks fire per parameter, as each module's backward ends
 
-    def __init__(self, *args: object) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
         assert self.s.zero is not None
         self.z = self.s.zero
         self.stage = self.z.stage

@@ -35,8 +35,8 @@ class Zero3Planner(Planner):
     name = "deepspeed-zero3"
     per_module = True
 
-    def __init__(self, *args: object) -> None:
-        super().__init__(*args)  # type: ignore[arg-type]
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
         assert self.s.zero is not None
         self.z = self.s.zero
         self.h = self.elem(self.half)
