@@ -83,11 +83,14 @@ class DdpPlanner(Planner):
         step = self.adam(self.optimizer_params(), deps=[norm])
         if not self.zero1:
             return
-        # _sync_params: every rank broadcasts each tensor it owns; all async, then waited.
+        # _sync_params: for each rank in turn, a broadcast of every tensor it owns, in the order
+        # they were assigned (largest first); all async, then waited.
         last = None
-        for numel in self.tensors:
-            last = self.collective(Stream.REDUCE, Coll.BROADCAST, numel * 4.0, "ZeroRedundancy broadcast",
-                                   Phase.STEP, self.boundary, deps=[step], purpose="post-step")
+        for owner, owned in enumerate(self.owned):
+            for idx in owned:
+                last = self.collective(Stream.REDUCE, Coll.BROADCAST, self.tensors[idx] * 4.0,
+                                       f"ZeroRedundancy broadcast from rank {owner}", Phase.STEP, self.boundary,
+                                       deps=[step], purpose="post-step")
         self.wait_before_next_compute(last)
         self.compute("sync (wait for broadcasts)", Phase.STEP, self.boundary, 0.0, 0.0, None)
 

@@ -1,0 +1,61 @@
+"""Planned vs recorded: the planner's collectives for one step against a real run's.
+
+Both sides are reduced to the same vocabulary: (phase, collective, bytes S, group size)
+in issue order; memory to the bytes of parameters, gradients and optimizer state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sim.analytic.memory import ZeroStage
+from sim.layout import Axis
+from sim.scenario import Scenario, scenario_from_table
+from sim.schedule import Kind, Mem, Phase
+from sim.strategies import layout_of, plan
+
+PHASES = {Phase.FWD: "forward", Phase.BWD: "backward", Phase.STEP: "optimizer"}
+
+
+def validation_scenario(strategy: str, model: dict[str, Any], world: int, *, seq_len: int,
+                        micro_batch: int, grad_accum: int) -> Scenario:
+    """The scenario a validation run corresponds to (fp32, no clipping, local-cpu)."""
+    engine = "fsdp2" if strategy.startswith("fsdp2") else strategy
+    table: dict[str, Any] = {
+        "model": model, "cluster": "local-cpu", "nodes": 1, "gpus_per_node": world, "engine": engine,
+        "training": {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum": grad_accum,
+                     "precision": "fp32", "gradient_clipping": 0.0}}
+    if engine == "fsdp2":
+        table["fsdp"] = {"reshard_after_forward": strategy != "fsdp2-no-reshard"}
+    return scenario_from_table(table, Path("sim/validate/compare.py"), f"validate-{strategy}-{world}")
+
+
+def planned(s: Scenario) -> list[tuple[str, str, int, int]]:
+    """(phase, op, bytes, group size) of every collective of one step, in issue order."""
+    layout = layout_of(s)
+    out = []
+    for op in sorted(plan(s).ops(0), key=lambda o: o.id):
+        if op.kind is Kind.COLLECTIVE:
+            assert op.coll is not None
+            size = len(layout.group(op.axis or Axis.DP, 0))
+            out.append((PHASES[op.phase], op.coll.value, int(op.nbytes), size))
+    return out
+
+
+def recorded(log: list[dict[str, Any]], step: int) -> list[tuple[str, str, int, int]]:
+    return [(e["phase"].split("/")[1], e["op"], int(e["nbytes"]), int(e["group_size"]))
+            for e in log if e["phase"].startswith(f"{step}/")]
+
+
+def planned_state(s: Scenario) -> dict[str, float]:
+    """Bytes of parameters, gradients and optimizer state the plan keeps resident."""
+    out = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
+    for alloc in plan(s).classes[0].resident:
+        if alloc.category in (Mem.PARAMS, Mem.GRADS, Mem.OPTIMIZER):
+            out[alloc.category.value] += alloc.nbytes
+    return out
+
+
+def stage_of(s: Scenario) -> ZeroStage:
+    return ZeroStage(int(s.zero_stage))
