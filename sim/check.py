@@ -65,7 +65,7 @@ def op_cost(op: Op, s: Scenario, layout: Any) -> float:
     if op.kind is Kind.COMPUTE:
         return opcost.compute_time(op.flops, op.mem_bytes, gpu.peak_flops(s.training.precision),
                                    gpu.matmul_efficiency, gpu.memory_bandwidth,
-                                   gpu.memory_bandwidth_efficiency, op.elementwise_bytes)
+                                   gpu.memory_bandwidth_efficiency, op.elementwise_bytes, gpu.kernel_overhead)
     if op.kind is Kind.OPTIMIZER:
         return opcost.gpu_adam_time(op.params, cluster)
     if op.kind is Kind.CPU_OPTIMIZER:

@@ -75,6 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--events", metavar="OUT.csv", help="write the tidy event table (pandas) as CSV")
     chk = sub.add_parser("check", help="DES vs analytic twin, side by side")
     chk.add_argument("scenarios", nargs="+", help="scenario files or bundled names")
+    cal = sub.add_parser("calibrate", help="measure this machine (gloo collectives, GEMM, memory) into a profile",
+                         description="Measure gloo collectives and CPU compute with 2 and 4 processes, fit "
+                                     "alpha-beta per collective, write hardware profiles (needs torch).")
+    cal.add_argument("--out", default=str(Path.home() / ".cache" / "zerosim" / "calibrated"),
+                     help="folder for the profile files (default: ~/.cache/zerosim/calibrated)")
+    cal.add_argument("--worlds", type=int, nargs="+", default=[2, 4], help="process counts to measure")
+    cal.add_argument("--max-size-MiB", type=float, default=64.0, help="largest collective size")
+    val = sub.add_parser("validate", help="real torch runs (gloo, CPU) against the planner; timing with a profile",
+                         description="Run DDP, ZeroRedundancyOptimizer and FSDP2 on gloo and compare their "
+                                     "collectives and memory with the planner's (needs torch).")
+    val.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    val.add_argument("--profile-dir", help="a `zerosim calibrate` folder: also predict the step times")
     cat = sub.add_parser("catalog", help="list bundled models, hardware and scenarios")
     cat.add_argument("kind", nargs="?", choices=KINDS)
     return parser
@@ -151,7 +163,18 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"memory": cmd_memory, "run": cmd_run, "check": cmd_check, "catalog": cmd_catalog}
+def cmd_validation(args: argparse.Namespace) -> int:
+    """calibrate / validate need torch: imported only when asked for."""
+    try:
+        from sim.validate import commands
+    except ImportError as error:
+        raise InputError("command line", args.command, f"needs torch ({error}); allowed: install "
+                         "zerosim with the validate extra: pip install '.[validate]'") from None
+    return commands.cmd_calibrate(args) if args.command == "calibrate" else commands.cmd_validate(args)
+
+
+COMMANDS = {"memory": cmd_memory, "run": cmd_run, "check": cmd_check, "catalog": cmd_catalog,
+            "calibrate": cmd_validation, "validate": cmd_validation}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

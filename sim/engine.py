@@ -155,7 +155,7 @@ class Engine:
         if op.kind is Kind.COMPUTE:
             yield self.env.timeout(opcost.compute_time(
                 op.flops, op.mem_bytes, gpu.peak_flops(s.training.precision), gpu.matmul_efficiency,
-                gpu.memory_bandwidth, gpu.memory_bandwidth_efficiency, op.elementwise_bytes))
+                gpu.memory_bandwidth, gpu.memory_bandwidth_efficiency, op.elementwise_bytes, gpu.kernel_overhead))
         elif op.kind is Kind.OPTIMIZER:
             yield self.env.timeout(opcost.gpu_adam_time(op.params, cluster))
         elif op.kind is Kind.CPU_OPTIMIZER:
@@ -193,6 +193,6 @@ class Engine:
                                               self.scenario.comm.algorithm):
             yield self.env.timeout(phase.latency)
             links = [((r, link), mult) for r in simulated for link, mult in phase.links]
-            yield self.network.transfer(phase.bus_bytes, links, override)
+            yield self.network.transfer(phase.bus_bytes, links, override or phase.rate)
         if done is not None:
             done.succeed()

@@ -25,6 +25,7 @@ GPU_KEYS = (
     Key("matmul_efficiency", float, fraction=True),
     Key("memory_bandwidth_efficiency", float, fraction=True),
     Key("uncertain", list, required=False, default=[]),
+    Key("kernel_overhead_us", float, required=False, default=0.0, non_negative=True),
 )
 CLUSTER_KEYS = (
     Key("name", str),
@@ -34,7 +35,12 @@ CLUSTER_KEYS = (
     Key("inter_node", dict),
     Key("host", dict),
     Key("uncertain", list, required=False, default=[]),
+    Key("calibration", dict, required=False, default={}),
 )
+CALIBRATED_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+CALIBRATION_KEYS = tuple(k for op in CALIBRATED_OPS for k in (
+    Key(f"{op}_alpha_us", float, required=False, default=None, non_negative=True),
+    Key(f"{op}_busbw_GBps", float, required=False, default=None, positive=True)))
 INTRA_KEYS = (
     Key("topology", str, choices=tuple(t.value for t in IntraNodeTopology)),
     Key("bandwidth_GBps", float, positive=True),
@@ -73,7 +79,7 @@ def gpu_from_table(table: Mapping[str, Any], source: str | Path, prefix: str = "
                    bf16_flops=v["bf16"], fp16_flops=v["fp16"], fp32_flops=v["fp32"],
                    matmul_efficiency=v["matmul_efficiency"],
                    memory_bandwidth_efficiency=v["memory_bandwidth_efficiency"],
-                   uncertain=tuple(v["uncertain"]))
+                   uncertain=tuple(v["uncertain"]), kernel_overhead=v["kernel_overhead"])
 
 
 def load_cluster(path: Path) -> ClusterSpec:
@@ -110,10 +116,13 @@ def cluster_from_table(table: Mapping[str, Any], source: str | Path, base_dir: P
                       gpus_per_pcie_switch=host["gpus_per_pcie_switch"],
                       cpu_adam_params_per_s=host["cpu_adam_params_per_s"],
                       nvme_bandwidth=host["nvme_bandwidth"]))
+    cal = read_table(v["calibration"], CALIBRATION_KEYS, source, prefix + "calibration.")
+    calibration = {op: (cal[f"{op}_alpha"], cal[f"{op}_busbw"]) for op in CALIBRATED_OPS
+                   if cal[f"{op}_alpha"] is not None and cal[f"{op}_busbw"] is not None}
     return ClusterSpec(name=v["name"], node=node,
                        inter_node=LinkSpec(bandwidth=inter["nic_bandwidth"],
                                            efficiency=inter["efficiency"], latency=inter["latency"]),
-                       uncertain=tuple(v["uncertain"]))
+                       uncertain=tuple(v["uncertain"]), calibration=calibration)
 
 
 def _all_cluster_keys() -> set[str]:

@@ -6,7 +6,7 @@ calibration changes a fraction without touching the peak it refers to.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -32,6 +32,7 @@ class GpuSpec:
     matmul_efficiency: float            # fraction of peak reached by large GEMMs
     memory_bandwidth_efficiency: float  # fraction of peak HBM bandwidth reached
     uncertain: tuple[str, ...] = ()     # keys whose value is an estimate (see the file)
+    kernel_overhead: float = 0.0        # s added to every compute op (launch / dispatch); calibrated
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak for a training precision: 'bf16', 'fp16' or 'fp32'."""
@@ -86,6 +87,8 @@ class ClusterSpec:
     node: NodeSpec
     inter_node: LinkSpec          # per NIC, per direction
     uncertain: tuple[str, ...] = ()
+    calibration: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Measured collectives inside a node (`zerosim calibrate`): op -> (alpha per step s, busbw B/s)."""
 
     @property
     def gpu(self) -> GpuSpec:

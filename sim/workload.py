@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 
 from sim.model import ModelSpec, module_tree
 
-ACT_BYTES = 2  # 16-bit activations
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,25 +35,27 @@ class Unit:
         return sum(self.tensors)
 
 
-def units(m: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1) -> list[Unit]:
-    """Parameter-owning modules in forward order, plus one attention-core unit per block."""
+def units(m: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, value_bytes: int = 2) -> list[Unit]:
+    """Parameter-owning modules in forward order, plus one attention-core unit per block;
+    `value_bytes` is the size of an activation / weight value (2 in mixed precision)."""
     tokens = seq_len * micro_batch
     out: list[Unit] = []
     for mod in module_tree(m):
         shards = tuple(_tp_numel(t.shape, mod.kind, tp) for t in mod.tensors)
         if mod.kind == "embedding":
-            traffic = ACT_BYTES * tokens * m.hidden
+            traffic = value_bytes * tokens * m.hidden
             out.append(Unit(mod.name, None, shards, 0.0, 0.0, 0.0, traffic, 2 * traffic))
         elif mod.kind == "norm":
-            traffic = 2 * ACT_BYTES * tokens * m.hidden
+            traffic = 2 * value_bytes * tokens * m.hidden
             out.append(Unit(mod.name, mod.block, shards, 0.0, 0.0, 0.0, traffic, 2 * traffic))
         else:
             out.append(_linear_unit(m, mod.name, mod.block, shards, mod.tensors[0].shape, tokens, tp,
-                                    routed=mod.expert is not None))
+                                    routed=mod.expert is not None, value_bytes=value_bytes))
         if mod.name.endswith(("v_proj", "c_attn")):
-            out.append(_attention_core(m, mod.block, seq_len, micro_batch, tp))
+            out.append(_attention_core(m, mod.block, seq_len, micro_batch, tp, value_bytes))
     if m.tied_embeddings:
-        head = _linear_unit(m, "lm_head (tied)", None, (), (m.vocab, m.hidden), tokens, tp, routed=False)
+        head = _linear_unit(m, "lm_head (tied)", None, (), (m.vocab, m.hidden), tokens, tp, routed=False,
+                            value_bytes=value_bytes)
         out.append(replace(head, shares="model.embed_tokens"))
     return out
 
@@ -68,26 +69,27 @@ def _tp_numel(shape: tuple[int, ...], kind: str, tp: int) -> int:
 
 
 def _linear_unit(m: ModelSpec, name: str, block: int | None, shards: tuple[int, ...],
-                 shape: tuple[int, ...], tokens: int, tp: int, routed: bool) -> Unit:
+                 shape: tuple[int, ...], tokens: int, tp: int, routed: bool, value_bytes: int = 2) -> Unit:
     """2 T in out per pass; routed experts see T k / E tokens (balanced routing)."""
     inp, out = (shape[1], shape[0]) if len(shape) == 2 else (shape[0], 1)
     if routed:
         tokens = tokens * m.experts_per_token / m.experts
     gemm = 2.0 * tokens * inp * out / tp
-    traffic = ACT_BYTES * (inp * out + tokens * (inp + out)) / tp
+    traffic = value_bytes * (inp * out + tokens * (inp + out)) / tp
     if name == "lm_head" or name.startswith("lm_head"):
         traffic += 4.0 * tokens * m.vocab / tp  # fp32 logits for the loss
     return Unit(name, block, shards, gemm, gemm, gemm, traffic, 2 * traffic)
 
 
-def _attention_core(m: ModelSpec, block: int | None, seq_len: int, micro_batch: int, tp: int) -> Unit:
+def _attention_core(m: ModelSpec, block: int | None, seq_len: int, micro_batch: int, tp: int,
+                    value_bytes: int = 2) -> Unit:
     """QK^T and AV: 4 s^2 a d b forward; a causal kernel computes about half of it.
 
     Hardware time uses the causal half; model FLOPs (sim.analytic.compute) count the
     full matrix, as PaLM and Megatron do.
     """
     flops = 0.5 * 4.0 * seq_len**2 * m.heads * m.head_dim * micro_batch / tp
-    traffic = ACT_BYTES * 4 * seq_len * micro_batch * m.q_dim / tp
+    traffic = value_bytes * 4 * seq_len * micro_batch * m.q_dim / tp
     return Unit(f"model.layers.{block}.attention", block, (), flops, 2 * flops, 0.0, traffic,
                 2 * traffic, attention_flops=flops)
 

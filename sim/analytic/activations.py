@@ -51,7 +51,7 @@ def korthikanti_layer_bytes(seq_len: int, batch: int, hidden: int, heads: int, *
 
 def layer_activation_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1,
                            sequence_parallel: bool = False,
-                           recompute: Recompute = Recompute.NONE) -> float:
+                           recompute: Recompute = Recompute.NONE, value_bytes: int = 2) -> float:
     """Saved tensors of one block of `m`, summed the way Korthikanti et al. do (bytes).
 
     Per token: replicated across TP (unless sequence parallel) are the two norm inputs
@@ -61,33 +61,38 @@ def layer_activation_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 
     HF's unfused SwiGLU: gate, silu(gate), up, product, 8I). Attention core: softmax
     output 2as, plus mask as and dropout output 2as with dropout. For GPT-2 shapes this
     is exactly 34 s b h + 5 a s^2 b. MoE layers keep the top-k experts' intermediates.
+    `value_bytes` = 4 for fp32 training scales everything (masks included, a slight excess).
     """
     h, s, b = m.hidden, seq_len, batch
+    scale = value_bytes / 2
     if recompute is Recompute.FULL:
-        return 2.0 * s * b * h / (tp if sequence_parallel else 1)
+        return scale * 2.0 * s * b * h / (tp if sequence_parallel else 1)
     dropout = m.family is Family.GPT2
     replicated = 8 * h + (2 * h if dropout else 0)
     intermediates = (8 if m.gated_mlp else 4) * m.ffn_hidden * min(m.experts_per_token, m.experts)
     split = 2 * (m.q_dim + 2 * m.kv_dim) + 2 * m.q_dim + intermediates
     core = 0.0 if recompute is Recompute.SELECTIVE else (5 if dropout else 2) * m.heads * s
     per_token = (replicated + split + core) / tp if sequence_parallel else replicated + (split + core) / tp
-    return per_token * s * b
+    return scale * per_token * s * b
 
 
 def recompute_working_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1,
-                            sequence_parallel: bool = False, recompute: Recompute) -> float:
+                            sequence_parallel: bool = False, recompute: Recompute,
+                            value_bytes: int = 2) -> float:
     """Extra live bytes while one block is recomputed in backward (full recompute only)."""
     if recompute is not Recompute.FULL:
         return 0.0
-    return layer_activation_bytes(m, seq_len, batch, tp=tp, sequence_parallel=sequence_parallel)
+    return layer_activation_bytes(m, seq_len, batch, tp=tp, sequence_parallel=sequence_parallel,
+                                  value_bytes=value_bytes)
 
 
-def outside_layers_activation_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1) -> float:
-    """Embedding dropout mask (GPT), final-norm and head inputs (2sbh each) and fp32
-    logits for the loss (4 s b V / t, vocab-parallel) - Korthikanti et al. Sec. 4.3."""
+def outside_layers_activation_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1,
+                                    value_bytes: int = 2) -> float:
+    """Embedding dropout mask (GPT), final-norm and head inputs (2sbh each in 16 bits) and
+    fp32 logits for the loss (4 s b V / t, vocab-parallel) - Korthikanti et al. Sec. 4.3."""
     s, b, h = seq_len, batch, m.hidden
     mask = s * b * h if m.family is Family.GPT2 else 0
-    return mask + 4.0 * s * b * h + 4.0 * s * b * m.vocab / tp
+    return mask + 2.0 * value_bytes * s * b * h + 4.0 * s * b * m.vocab / tp
 
 
 def inflight_microbatches(pp: int, grad_accum: int, stage: int = 0) -> int:

@@ -38,6 +38,7 @@ class CommPhase:
     latency: float
     bus_bytes: float
     links: tuple[tuple[LinkClass, float], ...]  # (link class, multiplier on its share)
+    rate: float | None = None                   # a measured bus bandwidth (calibration) instead
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +49,13 @@ class GroupShape:
 
 
 def compute_time(flops: float, mem_bytes: float, peak_flops: float, matmul_efficiency: float,
-                 memory_bandwidth: float, memory_efficiency: float, elementwise_bytes: float = 0.0) -> float:
+                 memory_bandwidth: float, memory_efficiency: float, elementwise_bytes: float = 0.0,
+                 overhead: float = 0.0) -> float:
     """Roofline for the GEMMs (the slower of arithmetic and traffic), plus memory-bound
-    elementwise kernels (norms, activations, residuals, softmax) at HBM speed."""
+    elementwise kernels (norms, activations, residuals, softmax) at HBM speed, plus a fixed
+    per-op overhead (kernel launch / dispatch; 0 unless calibrated)."""
     hbm = memory_bandwidth * memory_efficiency
-    return max(flops / (peak_flops * matmul_efficiency), mem_bytes / hbm) + elementwise_bytes / hbm
+    return max(flops / (peak_flops * matmul_efficiency), mem_bytes / hbm) + elementwise_bytes / hbm + overhead
 
 
 def gpu_adam_time(params: float, cluster: ClusterSpec) -> float:
@@ -109,6 +112,11 @@ def collective_phases(coll: Coll, nbytes: float, g: GroupShape, cluster: Cluster
         return []
     a_intra, a_inter = cluster.node.intra_node.latency, cluster.inter_node.latency
     multi = g.nodes > 1
+    measured = cluster.calibration.get(coll.value) if not multi else None
+    if measured is not None:   # a calibrated profile: per-op alpha per step and bus bandwidth
+        alpha, busbw = measured
+        return [CommPhase(ring_steps(coll, n) * alpha, nbytes * bus_factor(coll, n),
+                          ((LinkClass.NVLINK, 1.0),), rate=busbw)]
     links = ((LinkClass.NVLINK, 1.0), (LinkClass.NIC, float(g.per_node))) if multi else ((LinkClass.NVLINK, 1.0),)
     if multi and algorithm is Algorithm.HIERARCHICAL and coll is Coll.ALL_REDUCE and g.per_node > 1:
         p, nodes = g.per_node, g.nodes
@@ -137,6 +145,6 @@ def isolated_time(phases: list[CommPhase], cluster: ClusterSpec,
     """Closed form of a collective with its links to itself: sum of latency + bytes / rate."""
     total = 0.0
     for ph in phases:
-        rate = busbw_override or min(link_capacity(lc, cluster) * mult for lc, mult in ph.links)
+        rate = busbw_override or ph.rate or min(link_capacity(lc, cluster) * mult for lc, mult in ph.links)
         total += ph.latency + ph.bus_bytes / rate
     return total

@@ -42,7 +42,8 @@ class Planner:
         self.b = Builder()
         self._pending: list[int] = []
         self._recv: str | None = None
-        all_units = units(self.m, self.t.seq_len, self.t.micro_batch, layout.tp)
+        all_units = units(self.m, self.t.seq_len, self.t.micro_batch, layout.tp,
+                          value_bytes=BYTES_PER_ELEMENT[s.training.precision.value])
         if granules is None:
             granules = all_units if self.per_module else blocks(all_units)
         self.granules: list[Unit] = [g for g in granules if self._on_this_stage(g)]
@@ -71,7 +72,8 @@ class Planner:
         p = self.s.parallel
         rc = self.t.recompute if recompute is None else recompute
         per = act.layer_activation_bytes(self.m, self.t.seq_len, self.t.micro_batch, tp=p.tp,
-                                         sequence_parallel=p.sequence_parallel, recompute=rc)
+                                         sequence_parallel=p.sequence_parallel, recompute=rc,
+                                         value_bytes=self.elem(self.half))
         if rc is act.Recompute.FULL and self.t.partition_activations and not p.sequence_parallel:
             per /= p.tp
         return 0.0 if rc is act.Recompute.FULL and self.t.cpu_checkpointing else per
@@ -245,7 +247,7 @@ class Planner:
 
     def head_activation_bytes(self) -> float:
         return act.outside_layers_activation_bytes(self.m, self.t.seq_len, self.t.micro_batch,
-                                                   tp=self.s.parallel.tp)
+                                                   tp=self.s.parallel.tp, value_bytes=self.elem(self.half))
 
     # -- hooks -----------------------------------------------------------------------------
     def resident(self) -> None:

@@ -79,16 +79,28 @@ class Fsdp2Planner(Planner):
         if use.what == "F":
             if unit == -1 and use.index > 0:
                 return [self.ag[(ms, -1, "F")]]           # the head: root still gathered
-            return [self._gather(ms, unit, "F")]
+            return self._copy_out(use, self._gather(ms, unit, "F"))
         if use.what == "R":
-            return [self._gather(ms, unit, "B")] if unit != -1 else []
+            return self._copy_out(use, self._gather(ms, unit, "B")) if unit != -1 else []
         if unit == -1:
             return [self.ag[(ms, -1, "F")]]
-        deps = [self._gather(ms, unit, "B")]
+        fresh = (ms, unit, "B") not in self.ag
+        ag = self._gather(ms, unit, "B")
         for ahead in range(1, self.f.backward_prefetch + 1):   # explicit backward prefetch
             if unit - ahead >= 0:
                 self._gather(ms, unit - ahead, "B")
-        return deps
+        return self._copy_out(use, ag) if fresh or self.resharded(unit) else [ag]
+
+    def _copy_out(self, use: Use, ag: int | None) -> list[int | None]:
+        """`foreach_all_gather_copy_out` on the compute stream: the gathered flat buffer is
+        copied into the unsharded parameters (read + write, memory-bound)."""
+        if ag is None:
+            return []
+        unit = self.unit_of(use)
+        nbytes = 2.0 * self.p_bytes * self.padded[unit]
+        return [self.compute(f"all-gather copy-out unit {unit}", Phase.FWD if use.what == "F" else Phase.BWD,
+                             use.micro_step, 0.0, 0.0, None if unit == -1 else unit, [ag],
+                             elementwise_bytes=nbytes)]
 
     def _gather(self, ms: int, unit: int, phase: str) -> int | None:
         key = (ms, unit, phase)
@@ -127,10 +139,12 @@ class Fsdp2Planner(Planner):
         grads = Alloc(Mem.GRADS, f"unsharded gradients unit {unit}", self.p_bytes * self.padded[unit])
         ops = self.b.cls.streams[Stream.COMPUTE]
         ops[-1] = replace(ops[-1], alloc=ops[-1].alloc + (grads,))
+        self.wait_before_next_compute(self.prev_rs)   # at most one reduce-scatter outstanding
+        copy_in = self.compute(f"reduce-scatter copy-in unit {unit}", Phase.BWD, ms, 0.0, 0.0,
+                               None if unit == -1 else unit, elementwise_bytes=2.0 * nbytes)
         rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, nbytes,
                              f"reduce-scatter {'root' if unit == -1 else f'block {unit}'}", Phase.BWD, ms,
-                             deps=[op], layer=None if unit == -1 else unit, free=(grads,), purpose="grad")
-        self.wait_before_next_compute(self.prev_rs)   # at most one reduce-scatter outstanding
+                             deps=[copy_in], layer=None if unit == -1 else unit, free=(grads,), purpose="grad")
         self.prev_rs, self.last_rs = rs, rs
         if self.f.cpu_offload:
             self.last_rs = self.copy(Stream.D2H, 4.0 * self.padded[unit] / self.dp, "D2H gradient shard",

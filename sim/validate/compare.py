@@ -19,11 +19,12 @@ PHASES = {Phase.FWD: "forward", Phase.BWD: "backward", Phase.STEP: "optimizer"}
 
 
 def validation_scenario(strategy: str, model: dict[str, Any], world: int, *, seq_len: int,
-                        micro_batch: int, grad_accum: int) -> Scenario:
-    """The scenario a validation run corresponds to (fp32, no clipping, local-cpu)."""
+                        micro_batch: int, grad_accum: int, cluster: str = "local-cpu") -> Scenario:
+    """The scenario a validation run corresponds to (fp32, no clipping, local-cpu or a
+    calibrated profile of this machine)."""
     engine = "fsdp2" if strategy.startswith("fsdp2") else strategy
     table: dict[str, Any] = {
-        "model": model, "cluster": "local-cpu", "nodes": 1, "gpus_per_node": world, "engine": engine,
+        "model": model, "cluster": cluster, "nodes": 1, "gpus_per_node": world, "engine": engine,
         "training": {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum": grad_accum,
                      "precision": "fp32", "gradient_clipping": 0.0}}
     if engine == "fsdp2":

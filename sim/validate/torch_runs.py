@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from sim.models import model_from_table
+from sim.validate.calibrate import measure_collectives, measure_compute
 from sim.validate.recorder import CollectiveRecorder, state_bytes
 from sim.validate.torch_models import LlamaLike, lecture_mlp
 
@@ -117,4 +118,5 @@ class _null:
         return None
 
 
-WORKERS = {"train_llama": train_llama, "compare_mlp": compare_mlp}
+WORKERS = {"train_llama": train_llama, "compare_mlp": compare_mlp,
+           "measure_collectives": measure_collectives, "measure_compute": measure_compute}

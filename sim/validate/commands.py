@@ -1,0 +1,51 @@
+"""`zerosim calibrate` and `zerosim validate` (torch is imported here, not by `sim.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sim.validate.calibrate import SIZES, calibrate
+from sim.validate.compare import planned, planned_state, recorded, validation_scenario
+from sim.validate.timing import STRATEGIES, TIMING_MODEL, TIMING_RUN, predicted_vs_measured, profile_for
+from sim.validate.torch_runs import spawn
+
+SEQUENCE_MODEL = {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn_hidden": 384, "vocab": 2048}
+DEFAULT_PROFILE_DIR = Path.home() / ".cache" / "zerosim" / "calibrated"
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    sizes = tuple(s for s in SIZES if s <= args.max_size_MiB * 2**20)
+    tokens = TIMING_RUN["seq_len"] * TIMING_RUN["micro_batch"]
+    results = calibrate(Path(args.out), worlds=tuple(args.worlds), sizes=sizes, model=TIMING_MODEL, tokens=tokens)
+    for world, r in sorted(results.items()):
+        c = r["compute"]
+        print(f"{world} processes: GEMM {c['gemm_flops'] / 1e9:.1f} GFLOP/s, memory {c['memory_bandwidth'] / 1e9:.2f} "
+              f"GB/s, kernel overhead {c['kernel_overhead'] * 1e6:.1f} us -> {r['path']}")
+        for op, (alpha, busbw) in sorted(r["fits"].items()):
+            print(f"  {op:15s} alpha {alpha * 1e6:9.1f} us/step   busbw {busbw / 1e9:8.3f} GB/s")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    failures = 0
+    print(f"{'strategy':22s}{'world':>6s}{'accum':>6s}  sequence  memory")
+    for world in args.worlds:
+        accum = 1 if world == 2 else 2
+        for strategy in STRATEGIES:
+            cfg = {"model": SEQUENCE_MODEL, "seq_len": 32, "micro_batch": 2, "grad_accum": accum, "steps": 3,
+                   "strategy": strategy}
+            ranks = spawn(world, "train_llama", cfg)
+            s = validation_scenario(strategy, SEQUENCE_MODEL, world, seq_len=32, micro_batch=2, grad_accum=accum)
+            same = all(recorded(r["log"], 2) == planned(s) for r in ranks)
+            plan = planned_state(s)
+            memory = {k: max(r["state"][k] for r in ranks) for k in plan} == plan
+            failures += (not same) + (not memory)
+            print(f"{strategy:22s}{world:6d}{accum:6d}  {'match' if same else 'DIFFER':8s}  {'match' if memory else 'DIFFER'}")
+    if args.profile_dir:
+        print(f"\n{'strategy':22s}{'world':>6s}{'measured s':>12s}{'predicted s':>13s}{'error':>8s}")
+        for world in args.worlds:
+            for row in predicted_vs_measured(profile_for(Path(args.profile_dir), world), world):
+                print(f"{row['strategy']:22s}{world:6d}{row['measured_s']:12.4f}{row['predicted_s']:13.4f}"
+                      f"{100 * row['error']:7.1f}%")
+    return 1 if failures else 0

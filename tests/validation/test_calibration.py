@@ -1,0 +1,33 @@
+"""Calibration: the alpha-beta fit, and a short real measurement that yields a usable profile."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.analytic.opcost import bus_factor, ring_steps
+from sim.hardware import load_cluster
+from sim.schedule import Coll
+from sim.simulate import simulate
+from sim.validate.calibrate import calibrate, fit_alpha_beta
+from sim.validate.compare import validation_scenario
+
+SMALL = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128, "vocab": 256}
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather", "reduce_scatter", "broadcast"])
+def test_fit_recovers_alpha_and_busbw(op):
+    alpha, busbw = 40e-6, 2.5e9
+    samples = [(n, s, ring_steps(Coll(op), n) * alpha + s * bus_factor(Coll(op), n) / busbw)
+               for n in (2, 4) for s in (2**10, 2**14, 2**18, 2**22)]
+    got = fit_alpha_beta(samples, op)
+    assert got == pytest.approx((alpha, busbw), rel=1e-6)
+
+
+def test_a_short_calibration_writes_a_profile_the_simulator_uses(tmp_path):
+    results = calibrate(tmp_path, worlds=(2,), sizes=(2**10, 2**14, 2**18), model=SMALL, tokens=64)
+    path = results[2]["path"]
+    cluster = load_cluster(path)
+    assert set(cluster.calibration) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    assert cluster.gpu.fp32_flops > 1e8 and cluster.gpus_per_node == 2
+    s = validation_scenario("ddp", SMALL, 2, seq_len=32, micro_batch=2, grad_accum=1, cluster=str(path))
+    assert simulate(s).step_time_s > 0
