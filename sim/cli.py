@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="folder for the profile files (default: ~/.cache/zerosim/calibrated)")
     cal.add_argument("--worlds", type=int, nargs="+", default=[2, 4], help="process counts to measure")
     cal.add_argument("--max-size-MiB", type=float, default=64.0, help="largest collective size")
+    cal.add_argument("--device", help="instead: measure one device (e.g. cuda, cuda:0, cpu): GEMM efficiency "
+                                      "by shape, H2D/D2H pinned and pageable, CPU Adam")
+    cal.add_argument("--peak-TFLOPS", type=float, help="with --device: the dense peak to compute efficiency")
     val = sub.add_parser("validate", help="real torch runs (gloo, CPU) against the planner; timing with a profile",
                          description="Run DDP, ZeroRedundancyOptimizer and FSDP2 on gloo and compare their "
                                      "collectives and memory with the planner's (needs torch).")

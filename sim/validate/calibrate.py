@@ -170,3 +170,53 @@ def calibrate(out_dir: Path, *, worlds: tuple[int, ...] = (2, 4), sizes: tuple[i
         out[world] = {"path": write_profile(out_dir, fits, compute, world), "samples": samples,
                       "fits": fits, "compute": compute}
     return out
+
+
+def _synced(fn: Any, device: str, reps: int = 10) -> float:
+    """Median seconds of fn() on `device`, synchronising a CUDA device around each call."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    for _ in range(3):
+        fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_device(device: str, shapes: list[tuple[int, int, int]], peak_flops: float | None) -> dict[str, Any]:
+    """One process on one device: GEMM throughput (and efficiency against `peak_flops`) by
+    shape, host-device copy bandwidth pinned and pageable (CUDA only), and CPU Adam
+    throughput (torch's, and DeepSpeedCPUAdam's when deepspeed is installed)."""
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    gemm = []
+    for tokens, inp, out in shapes:
+        a = torch.randn(tokens, inp, device=device, dtype=dtype)
+        b = torch.randn(inp, out, device=device, dtype=dtype)
+        rate = 2.0 * tokens * inp * out / _synced(lambda: a @ b, device)
+        gemm.append({"shape": [tokens, inp, out], "flops": rate,
+                     "efficiency": rate / peak_flops if peak_flops else None})
+    copies = {}
+    if device.startswith("cuda"):
+        n = 2**26
+        gpu = torch.empty(n, device=device)
+        for pinned in (True, False):
+            host = torch.empty(n, pin_memory=pinned)
+            name = "pinned" if pinned else "pageable"
+            copies[f"h2d_{name}"] = 4 * n / _synced(lambda: gpu.copy_(host, non_blocking=pinned), device)
+            copies[f"d2h_{name}"] = 4 * n / _synced(lambda: host.copy_(gpu, non_blocking=pinned), device)
+    adam = {}
+    params = torch.nn.Parameter(torch.randn(2**24))
+    params.grad = torch.randn(2**24)
+    torch_adam = torch.optim.Adam([params], lr=1e-3)
+    adam["torch_adam_params_per_s"] = 2**24 / _synced(torch_adam.step, "cpu", 5)
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        ds_adam = DeepSpeedCPUAdam([params], lr=1e-3)
+        adam["deepspeed_cpu_adam_params_per_s"] = 2**24 / _synced(ds_adam.step, "cpu", 5)
+    except Exception as error:  # not installed, or its C++ extension cannot build here
+        adam["deepspeed_cpu_adam"] = f"not measured: {type(error).__name__}"
+    return {"device": device, "gemm": gemm, "copies": copies, "adam": adam}

@@ -15,6 +15,8 @@ DEFAULT_PROFILE_DIR = Path.home() / ".cache" / "zerosim" / "calibrated"
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.device:
+        return _calibrate_device(args)
     sizes = tuple(s for s in SIZES if s <= args.max_size_MiB * 2**20)
     tokens = TIMING_RUN["seq_len"] * TIMING_RUN["micro_batch"]
     results = calibrate(Path(args.out), worlds=tuple(args.worlds), sizes=sizes, model=TIMING_MODEL, tokens=tokens)
@@ -49,3 +51,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 print(f"{row['strategy']:22s}{world:6d}{row['measured_s']:12.4f}{row['predicted_s']:13.4f}"
                       f"{100 * row['error']:7.1f}%")
     return 1 if failures else 0
+
+
+def _calibrate_device(args: argparse.Namespace) -> int:
+    """One device: GEMM efficiency by shape, H2D / D2H bandwidth, CPU Adam (docs/validation.md)."""
+    import json
+
+    from sim.validate.calibrate import measure_device
+    h, f = 8192, 28672   # Llama-2-70B-like GEMMs at 4K tokens, and a small one
+    shapes = [(4096, h, h), (4096, h, f), (4096, f, h), (4096, h, 1024), (512, 1024, 1024)]
+    peak = args.peak_TFLOPS * 1e12 if args.peak_TFLOPS else None
+    result = measure_device(args.device, shapes, peak)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"device-{args.device.replace(':', '')}.json").write_text(json.dumps(result, indent=2))
+    for row in result["gemm"]:
+        eff = f"{100 * row['efficiency']:.1f}%" if row["efficiency"] else "-"
+        print(f"GEMM {row['shape']}: {row['flops'] / 1e12:.2f} TFLOP/s, efficiency {eff}")
+    for name, rate in result["copies"].items():
+        print(f"{name}: {rate / 1e9:.1f} GB/s")
+    for name, rate in result["adam"].items():
+        print(f"{name}: {rate if isinstance(rate, str) else f'{rate / 1e9:.2f} G params/s'}")
+    return 0

@@ -22,10 +22,20 @@ from sim.validate.recorder import CollectiveRecorder, state_bytes
 from sim.validate.torch_models import LlamaLike, lecture_mlp
 
 
-def spawn(world: int, worker: str, config: dict[str, Any]) -> list[dict[str, Any]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        torch.multiprocessing.spawn(_entry, args=(world, worker, config, tmp), nprocs=world, join=True)
-        return [torch.load(os.path.join(tmp, f"{r}.pt"), weights_only=False) for r in range(world)]
+def spawn(world: int, worker: str, config: dict[str, Any], attempts: int = 2) -> list[dict[str, Any]]:
+    """Run the worker on `world` processes. A process group that fails to start or dies is
+    retried once (gloo rendezvous on a loaded 2-core machine has been seen to fail once in a
+    full test run); what a run measures or records is never retried."""
+    for attempt in range(attempts):
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                torch.multiprocessing.spawn(_entry, args=(world, worker, config, tmp), nprocs=world, join=True)
+            except (torch.multiprocessing.ProcessRaisedException, torch.multiprocessing.ProcessExitedException):
+                if attempt == attempts - 1:
+                    raise
+                continue
+            return [torch.load(os.path.join(tmp, f"{r}.pt"), weights_only=False) for r in range(world)]
+    raise AssertionError("unreachable")
 
 
 def _entry(rank: int, world: int, worker: str, config: dict[str, Any], tmp: str) -> None:

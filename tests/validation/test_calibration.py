@@ -31,3 +31,10 @@ def test_a_short_calibration_writes_a_profile_the_simulator_uses(tmp_path):
     assert cluster.gpu.fp32_flops > 1e8 and cluster.gpus_per_node == 2
     s = validation_scenario("ddp", SMALL, 2, seq_len=32, micro_batch=2, grad_accum=1, cluster=str(path))
     assert simulate(s).step_time_s > 0
+
+
+def test_device_measurement_on_cpu():
+    from sim.validate.calibrate import measure_device
+    r = measure_device("cpu", [(64, 64, 64)], peak_flops=1e12)
+    assert r["gemm"][0]["flops"] > 0 and 0 < r["gemm"][0]["efficiency"] < 1
+    assert r["copies"] == {} and r["adam"]["torch_adam_params_per_s"] > 0
