@@ -56,7 +56,7 @@ def data_parallel_volume(s: Scenario) -> dict[str, float]:
     return deepspeed_volume(tensors, dp, int(z.stage), grad_accum=t.grad_accum, elem=half, clipping=clipping,
                             persistence_threshold=z.param_persistence_threshold,
                             multi_rank_allreduce=not (z.reduce_scatter and not z.use_multi_rank_bucket_allreduce),
-                            full_recompute=t.recompute.value == "full")
+                            full_recompute=t.recompute.value == "full", fp16=t.precision.value == "fp16")
 
 
 def op_cost(op: Op, s: Scenario, layout: Any) -> float:

@@ -24,14 +24,19 @@ def _once(n_bytes: float, dp: int) -> float:
 
 def deepspeed_volume(tensors: list[tuple[int, bool]], dp: int, stage: int, *, grad_accum: int, elem: int,
                      clipping: bool, persistence_threshold: int = 100_000,
-                     multi_rank_allreduce: bool = True, full_recompute: bool = False) -> dict[str, float]:
+                     multi_rank_allreduce: bool = True, full_recompute: bool = False,
+                     fp16: bool = False) -> dict[str, float]:
     """DeepSpeed ZeRO-0/1/2/3 (reference 1.5) over one rank's tensors (numel, in a block?),
     grad-norm all-reduce of 4 B when clipping. ZeRO-3 gathers each module for forward, for
     backward and, with full recomputation, for the recomputed forward as well."""
     numels = [n for n, _ in tensors]
     psi = sum(numels)
     out: dict[str, float] = {}
-    norm = _ar(4.0, dp) if clipping else 0.0
+    # the step's norm: always at stages 1-3 (fp32 at 1-2, fp64 at 3), with clipping at stage 0;
+    # fp16 at stages 1-2 adds an overflow check
+    norm = _ar(8.0 if stage == ZeroStage.PARAMETERS else 4.0, dp) if (clipping or stage > 0) else 0.0
+    if fp16 and stage in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
+        norm += _ar(4.0, dp)
     if stage == ZeroStage.PARAMETERS:
         def gathered(in_blocks: bool) -> int:
             return sum(tensor_padded(n, dp) for n, block in tensors if block == in_blocks and n > persistence_threshold)

@@ -287,9 +287,10 @@ class Planner:
             self._pending = []
         return self.b.add(stream, Kind.COPY, name, phase, ms, nbytes=nbytes, direction=direction, **kw)
 
-    def grad_norm(self) -> int | None:
-        """Global gradient norm for clipping: one tiny fp32 all-reduce (reference 1.1)."""
-        if self.t.gradient_clipping <= 0:
+    def grad_norm(self, always: bool = False, nbytes: float = 4.0) -> int | None:
+        """Global gradient norm: one tiny all-reduce (reference 1.1), when clipping, or
+        always where the engine computes it anyway (DeepSpeed ZeRO-1/2/3's step)."""
+        if self.t.gradient_clipping <= 0 and not always:
             return None
-        return self.collective(Stream.COMPUTE, Coll.ALL_REDUCE, 4.0, "grad-norm all-reduce", Phase.STEP,
+        return self.collective(Stream.COMPUTE, Coll.ALL_REDUCE, nbytes, "grad-norm all-reduce", Phase.STEP,
                                self.boundary, purpose="grad norm")

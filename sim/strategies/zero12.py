@@ -115,7 +115,12 @@ class Zero12Planner(Planner):
 
     # -- the step --------------------------------------------------------------------------
     def optimizer_step(self) -> None:
-        norm = self.grad_norm()
+        # stage_1_and_2.py step(): fp16 checks overflow (a MAX all-reduce), then always computes
+        # the global norm (scaled_global_norm, an fp32 all-reduce), clipping or not.
+        if self.stage > 0 and self.t.precision.value == "fp16":
+            self.collective(Stream.COMPUTE, Coll.ALL_REDUCE, 4.0, "overflow check all-reduce", Phase.STEP,
+                            self.boundary, purpose="overflow check")
+        norm = self.grad_norm(always=self.stage > 0)
         n = self.dp if self.stage >= ZeroStage.OPTIMIZER else 1
         shard = self.padded / n
         fp32_grads = Alloc(Mem.OPTIMIZER, "fp32 gradient partition", 4.0 * shard)

@@ -25,6 +25,7 @@ from dataclasses import replace
 from sim.analytic.comm import tensor_padded
 from sim.schedule import Alloc, Coll, Kind, Mem, Phase, Schedule, Stream
 from sim.strategies.buckets import DeepSpeedBucket
+from sim.specs import IntraNodeTopology
 from sim.strategies.common import Planner, Use
 
 MAX_ONGOING_FETCHES = 2     # partitioned_param_coordinator.py __max_ongoing_fetch_events
@@ -57,6 +58,7 @@ class Zero3Planner(Planner):
         self.last_reduction: int | None = None
         self.offload_copies: list[int] = []
         self.hook_time: int | None = None
+        self._in_backward = False
 
     def _owner_index(self, name: str) -> int:
         return next(i for i, g in enumerate(self.granules) if g.name == name)
@@ -91,17 +93,38 @@ class Zero3Planner(Planner):
         self.optimizer_step()
         return Schedule(self.name, [self.b.cls], self.notes())
 
+    def with_containers(self, trace: list[Use]) -> list[Use]:
+        """DeepSpeed hooks every module, so a container (the root, a block, its attention and
+        MLP) entered in forward or backward runs fetch_sub_module too: no parameters to
+        fetch, but a prefetch point. Marked as uses 'C' with index -1."""
+        out: list[Use] = []
+        previous: list[str] = []
+        for use in trace:
+            if out and (use.what == "B") != (out[-1].what == "B") and out[-1].what != "C":
+                previous = []                      # the backward pass enters from the root again
+            here = _containers(self.granules[use.index].name)
+            fresh = [c for i, c in enumerate(here) if i >= len(previous) or previous[i] != c]
+            out += [Use("C", -1, use.micro_step) for _ in fresh]
+            out.append(use)
+            previous = here
+        return out
+
     def micro_step(self, ms: int) -> None:
-        trace = self.trace(ms)
-        keys = [self.fetch.get(u.index) for u in trace]
+        trace = self.with_containers(self.trace(ms))
+        keys = [self.fetch.get(u.index) if u.what != "C" else None for u in trace]
         available: dict[str, tuple[int, int]] = {}       # owner -> (AG op, elements)
         skipped: dict[str, int] = {}                     # owner -> latest trace use passed by prefetch
         outstanding: deque[int] = deque()                # fetch events the host has not synced
         inflight: set[str] = set()                       # gathered but not yet waited for
         n_available, queue = 0, 0
+        passes = [u.what for u in trace]
+        for i in range(len(passes) - 2, -1, -1):   # a container marker belongs to the next use's pass
+            if passes[i] == "C":
+                passes[i] = passes[i + 1]
         for pos, use in enumerate(trace):
             key = keys[pos]
             deps: list[int | None] = []
+            self._in_backward = passes[pos] != "F"
             # The pre-hook of this use runs when the previous use's compute is done: gathers
             # issued here overlap this use's compute at most (host view of the allocator).
             self.hook_time = self.b.last(Stream.COMPUTE)
@@ -183,7 +206,7 @@ class Zero3Planner(Planner):
         return ag
 
     def _phase(self, use: Use) -> Phase:
-        return Phase.FWD if use.what == "F" else Phase.BWD
+        return Phase.BWD if self._in_backward else Phase.FWD
 
     def _free_after(self, op: int | None, key: tuple[str, int, int]) -> None:
         """Give the gathered copy back when compute op `op` ends."""
@@ -191,11 +214,11 @@ class Zero3Planner(Planner):
         idx = next(i for i in range(len(ops) - 1, -1, -1) if ops[i].id == op)
         ops[idx] = replace(ops[idx], free=ops[idx].free + (Alloc(Mem.PARAMS, f"gathered {key[0]}", self.h * key[2]),))
 
-    def _emit_use(self, use: Use) -> int:
+    def _emit_use(self, use: Use) -> int | None:
+        if use.what == "C":
+            return self.b.last(Stream.COMPUTE)
         self.emit(use)
-        last = self.b.last(Stream.COMPUTE)
-        assert last is not None
-        return last
+        return self.b.last(Stream.COMPUTE)
 
     # -- gradients --------------------------------------------------------------------------
     def after_use(self, use: Use, op: int) -> None:
@@ -231,7 +254,8 @@ class Zero3Planner(Planner):
 
     # -- the step ---------------------------------------------------------------------------
     def optimizer_step(self) -> None:
-        norm = self.grad_norm()
+        # stage3.py step(): the global norm is always computed, in float64 (8 B all-reduce)
+        norm = self.grad_norm(always=True, nbytes=8.0)
         shard = self.padded_total / self.dp
         if self.z.offload_optimizer.enabled:
             cpu = self.b.add(Stream.CPU, Kind.CPU_OPTIMIZER, "CPU-Adam",
@@ -242,12 +266,35 @@ class Zero3Planner(Planner):
         else:
             tile = min(shard, self.z.sub_group_size)
             self.adam(shard, deps=[norm], holds=(Alloc(Mem.OPTIMIZER, "fp32 gradient sub-group", 4.0 * tile),))
-        if self.persistent_numel:
-            padded = sum(tensor_padded(self.granules[self._owner_index(o)].tensors[j], self.dp)
-                         for o, j in self.persistent)
-            self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * padded, "all-gather persistent parameters",
-                            Phase.STEP, self.boundary, purpose="post-step")
+        padded = [tensor_padded(self.granules[self._owner_index(o)].tensors[j], self.dp)
+                  for o, j in sorted(self.persistent, key=self._tensor_order)]
+        if not padded:
+            return
+        if self.s.cluster.node.intra_topology is IntraNodeTopology.SHARED_MEMORY:
+            # a "synchronized device" (DeepSpeed's CPU accelerator) gathers them one by one
+            for numel in padded:
+                self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * numel, "all-gather persistent parameter",
+                                Phase.STEP, self.boundary, purpose="post-step")
+        else:
+            self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * sum(padded),
+                            "all-gather persistent parameters", Phase.STEP, self.boundary, purpose="post-step")
+
+    def _tensor_order(self, key: tuple[str, int]) -> tuple[int, int]:
+        return self._owner_index(key[0]), key[1]
 
     def notes(self) -> list[str]:
         return [f"ZeRO-3 steady state (trace recorded, prefetch on): {len(self.fetch)} fetch units, "
                 f"{len(self.persistent)} persistent tensors ({self.persistent_numel:,} elements)"]
+
+
+def _containers(name: str) -> list[str]:
+    """The modules with children that enclose a unit: the root, its block, and the block's
+    attention / MLP module (the attention core counts as inside the attention)."""
+    parts = name.split(".")
+    if len(parts) < 4 or parts[1] != "layers":
+        return ["root"]
+    block = ".".join(parts[:3])
+    sub = "self_attn" if parts[3] == "attention" else parts[3]
+    if sub in ("self_attn", "attn", "mlp", "block_sparse_moe"):
+        return ["root", block, f"{block}.{sub}"]
+    return ["root", block]

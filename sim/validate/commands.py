@@ -32,16 +32,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     failures = 0
     print(f"{'strategy':22s}{'world':>6s}{'accum':>6s}  sequence  memory")
+    try:
+        import deepspeed  # noqa: F401
+        deepspeed_runs = [f"deepspeed-zero{k}" for k in range(4)]
+    except ImportError:
+        deepspeed_runs = []
+        print("(deepspeed is not installed: its runs are skipped)")
     for world in args.worlds:
         accum = 1 if world == 2 else 2
-        for strategy in STRATEGIES:
+        for strategy in [*STRATEGIES, *deepspeed_runs]:
             cfg = {"model": SEQUENCE_MODEL, "seq_len": 32, "micro_batch": 2, "grad_accum": accum, "steps": 3,
-                   "strategy": strategy}
-            ranks = spawn(world, "train_llama", cfg)
+                   "strategy": strategy, "zero": {"stage": int(strategy[-1])} if strategy in deepspeed_runs else None}
+            worker = "train_deepspeed" if strategy in deepspeed_runs else "train_llama"
+            ranks = spawn(world, worker, cfg)
             s = validation_scenario(strategy, SEQUENCE_MODEL, world, seq_len=32, micro_batch=2, grad_accum=accum)
             same = all(recorded(r["log"], 2) == planned(s) for r in ranks)
             plan = planned_state(s)
-            memory = {k: max(r["state"][k] for r in ranks) for k in plan} == plan
+            if strategy in deepspeed_runs:   # DeepSpeed: the ZeRO optimizer's bytes (none without ZeRO)
+                memory = strategy.endswith("0") or {r["optimizer_bytes"] for r in ranks} == {plan["optimizer"]}
+            else:
+                memory = {k: max(r["state"][k] for r in ranks) for k in plan} == plan
             failures += (not same) + (not memory)
             print(f"{strategy:22s}{world:6d}{accum:6d}  {'match' if same else 'DIFFER':8s}  {'match' if memory else 'DIFFER'}")
     if args.profile_dir:

@@ -19,16 +19,19 @@ PHASES = {Phase.FWD: "forward", Phase.BWD: "backward", Phase.STEP: "optimizer"}
 
 
 def validation_scenario(strategy: str, model: dict[str, Any], world: int, *, seq_len: int,
-                        micro_batch: int, grad_accum: int, cluster: str = "local-cpu") -> Scenario:
+                        micro_batch: int, grad_accum: int, cluster: str = "local-cpu",
+                        zero: dict[str, Any] | None = None) -> Scenario:
     """The scenario a validation run corresponds to (fp32, no clipping, local-cpu or a
     calibrated profile of this machine)."""
-    engine = "fsdp2" if strategy.startswith("fsdp2") else strategy
+    engine = "fsdp2" if strategy.startswith("fsdp2") else "deepspeed" if strategy.startswith("deepspeed") else strategy
     table: dict[str, Any] = {
         "model": model, "cluster": cluster, "nodes": 1, "gpus_per_node": world, "engine": engine,
         "training": {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum": grad_accum,
                      "precision": "fp32", "gradient_clipping": 0.0}}
     if engine == "fsdp2":
         table["fsdp"] = {"reshard_after_forward": strategy != "fsdp2-no-reshard"}
+    if engine == "deepspeed":
+        table["zero"] = {"stage": int(strategy[-1]), **(zero or {})}   # deepspeed-zeroN: code defaults
     return scenario_from_table(table, Path("sim/validate/compare.py"), f"validate-{strategy}-{world}")
 
 

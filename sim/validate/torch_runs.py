@@ -128,5 +128,10 @@ class _null:
         return None
 
 
-WORKERS = {"train_llama": train_llama, "compare_mlp": compare_mlp,
+def _deepspeed(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    from sim.validate.deepspeed_runs import train_deepspeed   # deepspeed is optional
+    return train_deepspeed(rank, world, cfg)
+
+
+WORKERS = {"train_llama": train_llama, "compare_mlp": compare_mlp, "train_deepspeed": _deepspeed,
            "measure_collectives": measure_collectives, "measure_compute": measure_compute}
