@@ -142,7 +142,7 @@ def _execute(run: Run, op: Op) -> None:
             {"fwd": _forward, "bwd-input": _backward_input, "bwd-weight": _backward_weight}[op.name.split()[0]](run, layer)
         for alloc in op.free:   # ZeRO-3 drops a broadcast segment after its last use
             if alloc.label.startswith("segment "):
-                for r, rank in enumerate(run.state):
+                for rank in run.state:
                     rank.fetched.pop(int(alloc.label.split()[1]), None)
     elif op.kind is Kind.OPTIMIZER:
         _adam(run)
