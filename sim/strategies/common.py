@@ -106,10 +106,10 @@ class Planner:
 
     # -- the skeleton ----------------------------------------------------------------------
     def trace(self, ms: int) -> list[Use]:
-        """The order in which granules are used in micro-step `ms`."""
+        """The order in which granules are used in micro-step `ms`: every forward, then block
+        by block from the last (recompute in forward order, then backward in reverse)."""
         uses = [Use("F", i, ms) for i in range(len(self.granules))]
-        order = list(range(len(self.granules)))
-        i = len(order) - 1
+        i = len(self.granules) - 1
         while i >= 0:
             block = self.granules[i].block
             j = i

@@ -7,6 +7,7 @@ and returns what each rank returned. Everything is seeded: same inputs, same run
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import time
@@ -83,7 +84,7 @@ def train_llama(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
             for mb in range(accum):
                 tokens = torch.randint(0, spec.vocab, (cfg["micro_batch"], cfg["seq_len"] + 1), generator=gen)
                 sync = mb == accum - 1 or not hasattr(model, "no_sync")
-                ctx = model.no_sync() if not sync else _null()
+                ctx = model.no_sync() if not sync else contextlib.nullcontext()
                 with ctx:
                     recorder.phase = f"{step}/forward"
                     logits = model(tokens[:, :-1])
@@ -118,14 +119,6 @@ def compare_mlp(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     return {"params": torch.cat([p.detach().reshape(-1) for p in full]),
             "local_shapes": [tuple(p.shape) for p in local], "local_params": sum(p.numel() for p in local),
             "state_numel": state_numel, "partition": partition}
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _deepspeed(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
