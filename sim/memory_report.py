@@ -12,8 +12,7 @@ from dataclasses import asdict, dataclass
 
 from sim.analytic import activations as act
 from sim.analytic.memory import (Convention, ModelStateBytes, ZeroStage, fragmentation_bytes,
-                                 largest_trainable_params, model_state_bytes,
-                                 model_state_bytes_per_param, zero_buffer_bytes)
+                                 largest_trainable_params, model_state_bytes, zero_buffer_bytes)
 from sim.analytic.params import largest_module_params, total_params
 from sim.analytic.placement import block_params_per_rank, params_per_stage
 from sim.scenario import Engine, Scenario
@@ -84,7 +83,7 @@ def quick_report(n_params: float, dp: int, *, convention: Convention, device_mem
     for stage in ZeroStage:
         states = model_state_bytes(n_params, dp, stage, convention, k=k,
                                    largest_module_params=largest_module)
-        rows.append(_row(stage, states, 0.0, 0.0, 0.0, device_memory, dp, convention, k))
+        rows.append(_row(stage, states, 0.0, 0.0, 0.0, device_memory, n_params))
     notes = ("model states only: activations, buffers and fragmentation not included",)
     return MemoryReport(title=f"{n_params / 1e9:g}B parameters, dp = {dp}", convention=str(convention),
                         n_params=n_params, params_per_rank=n_params, dp=dp, tp=1, pp=1,
@@ -111,9 +110,11 @@ def scenario_report(s: Scenario, *, convention: Convention = Convention.ALLOCATE
             psi_rank, p.dp, stage, convention, largest_module_params=largest,
             offload_optimizer=offload_opt and stage >= ZeroStage.OPTIMIZER,
             offload_params=offload_par and stage == ZeroStage.PARAMETERS)
+        if convention is Convention.ALLOCATED and stage == s.zero_stage and s.engine is not Engine.DEEPSPEED:
+            states = torch_engine_states(s, psi_rank)
         buffers = _buffers(s, stage, psi_rank)
         frag = fragmentation_bytes(activ + buffers, fragmentation)
-        rows.append(_row(stage, states, activ, buffers, frag, s.cluster.gpu.memory, p.dp, convention))
+        rows.append(_row(stage, states, activ, buffers, frag, s.cluster.gpu.memory, psi_rank))
     return MemoryReport(
         title=f"{s.name}: {m.name} on {s.nodes} x {s.cluster.name} ({s.world_size} GPUs), "
               f"tp {p.tp} pp {p.pp} dp {p.dp}, engine {s.engine}",
@@ -123,14 +124,28 @@ def scenario_report(s: Scenario, *, convention: Convention = Convention.ALLOCATE
         notes=_notes(s, worst, offload_opt, offload_par))
 
 
+def torch_engine_states(s: Scenario, psi_rank: float) -> ModelStateBytes:
+    """What the torch engines allocate (as their DES planners do): autocast keeps fp32
+    parameters, gradients and Adam m, v (16 B/param) - all replicated under DDP, Adam state
+    sharded by ZeroRedundancyOptimizer (evenly here; its greedy split is uneven, see
+    sim.strategies.ddp), everything sharded by FSDP2 (the unsharded bf16 copies of the
+    blocks in use are in the buffers column)."""
+    n = s.parallel.dp
+    if s.engine is Engine.FSDP2:
+        return ModelStateBytes(params=4 * psi_rank / n, grads=4 * psi_rank / n, optimizer=8 * psi_rank / n)
+    optimizer = 8 * psi_rank / (n if s.engine is Engine.DDP_ZERO_REDUNDANCY else 1)
+    return ModelStateBytes(params=4 * psi_rank, grads=4 * psi_rank, optimizer=optimizer)
+
+
 def _row(stage: ZeroStage, states: ModelStateBytes, activ: float, buffers: float, frag: float,
-         device_memory: float | None, dp: int, convention: Convention, k: float = 12.0) -> MemoryRow:
+         device_memory: float | None, psi: float) -> MemoryRow:
+    """One stage's row; the largest model scales this row's model-state bytes per parameter."""
     total = states.total + activ + buffers + frag
     fits = None if device_memory is None else total <= device_memory
     largest = None
     if device_memory is not None:
         free = device_memory - activ - buffers - frag
-        largest = max(0.0, free) / model_state_bytes_per_param(dp, stage, convention, k)
+        largest = max(0.0, free) / (states.total / psi) if states.total > 0 else math.inf
     return MemoryRow(stage=int(stage), label=STAGE_LABELS[int(stage)], params_bytes=states.params,
                      grads_bytes=states.grads, optimizer_bytes=states.optimizer,
                      activations_bytes=activ, buffers_bytes=buffers, fragmentation_bytes=frag,

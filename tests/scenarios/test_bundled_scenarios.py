@@ -78,3 +78,19 @@ def test_quick_question_text(capsys):
 def test_bundled_scenario_by_name(capsys):
     assert main(["memory", "llama3-8b_fsdp2_dgx-h100x1"]) == 0
     assert "engine fsdp2" in capsys.readouterr().out
+
+
+def test_fsdp2_row_counts_what_fsdp2_allocates_and_agrees_with_the_des(capsys):
+    from sim.scenario import load_scenario
+    from sim.simulate import simulate
+    path = SCENARIOS / "llama3-8b_fsdp2_dgx-h100x1.toml"
+    main(["memory", str(path), "--json"])
+    own = json.loads(capsys.readouterr().out)["rows"][3]
+    psi = 8_030_261_248
+    assert own["params_bytes"] == pytest.approx(4 * psi / 8) and own["optimizer_bytes"] == pytest.approx(8 * psi / 8)
+    des = simulate(load_scenario(path)).engine.schedule.classes[0].resident
+    resident = {a.category.value: 0.0 for a in des}
+    for a in des:
+        resident[a.category.value] += a.nbytes
+    assert resident["optimizer"] == pytest.approx(own["optimizer_bytes"], rel=1e-4)   # dim-0 padding
+    assert resident["grads"] == pytest.approx(own["grads_bytes"], rel=1e-4)
