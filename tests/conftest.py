@@ -29,3 +29,13 @@ def write_scenario(tmp_path: Path):
         path.write_text(text)
         return path
     return _write
+
+
+def pytest_addoption(parser):  # type: ignore[no-untyped-def]
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite tests/scenarios/expected/*.json from the current simulator")
+
+
+@pytest.fixture
+def update_golden(request) -> bool:  # type: ignore[no-untyped-def]
+    return bool(request.config.getoption("--update-golden"))
