@@ -17,6 +17,7 @@ from sim.analytic.memory import ZeroStage, model_state_bytes
 from sim.analytic.placement import rank_tensors
 from sim.analytic.volumes import (add, ddp_engine_volume, deepspeed_volume,
                                   fsdp2_volume, paper_volume, pipeline_volume, tensor_parallel_volume)
+from sim.engine import local_time
 from sim.scenario import Engine, Scenario, ScheduleMode
 from sim.schedule import Kind, Op
 from sim.units import BYTES_PER_ELEMENT
@@ -61,15 +62,10 @@ def data_parallel_volume(s: Scenario) -> dict[str, float]:
 
 def op_cost(op: Op, s: Scenario, layout: Any) -> float:
     """Closed-form duration of one op with nothing else running."""
-    gpu, cluster = s.cluster.gpu, s.cluster
-    if op.kind is Kind.COMPUTE:
-        return opcost.compute_time(op.flops, op.mem_bytes, gpu.peak_flops(s.training.precision),
-                                   gpu.matmul_efficiency, gpu.memory_bandwidth,
-                                   gpu.memory_bandwidth_efficiency, op.elementwise_bytes, gpu.kernel_overhead)
-    if op.kind is Kind.OPTIMIZER:
-        return opcost.gpu_adam_time(op.params, cluster)
-    if op.kind is Kind.CPU_OPTIMIZER:
-        return opcost.cpu_adam_time(op.params, cluster, s.gpus_per_node)
+    cluster = s.cluster
+    alone = local_time(op, s)
+    if alone is not None:
+        return alone
     if op.kind is Kind.COPY:
         return cluster.host.pcie.latency + op.nbytes / opcost.pcie_bandwidth(cluster)
     assert op.axis is not None and op.coll is not None

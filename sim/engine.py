@@ -25,6 +25,14 @@ from sim.scenario import Scenario
 from sim.schedule import Coll, Kind, Op, Schedule, Stream
 
 
+def local_time(op: Op, s: Scenario) -> float | None:
+    """Duration of an op that shares no link (sim.analytic.opcost.device_op_time)."""
+    return opcost.device_op_time(op.kind.value, flops=op.flops, mem_bytes=op.mem_bytes,
+                                 elementwise_bytes=op.elementwise_bytes, params=op.params,
+                                 precision=s.training.precision.value, cluster=s.cluster,
+                                 ranks_per_node=s.gpus_per_node)
+
+
 class Mode(StrEnum):
     REPRESENTATIVE = "representative"
     FULL = "full"
@@ -150,16 +158,10 @@ class Engine:
         return self.schedule.ops_by_id(self.layout.class_of(rank))[op_id]
 
     def _execute(self, rank: int, step: int, op: Op) -> Generator[simpy.Event, Any, None]:
-        s, cluster = self.scenario, self.scenario.cluster
-        gpu = cluster.gpu
-        if op.kind is Kind.COMPUTE:
-            yield self.env.timeout(opcost.compute_time(
-                op.flops, op.mem_bytes, gpu.peak_flops(s.training.precision), gpu.matmul_efficiency,
-                gpu.memory_bandwidth, gpu.memory_bandwidth_efficiency, op.elementwise_bytes, gpu.kernel_overhead))
-        elif op.kind is Kind.OPTIMIZER:
-            yield self.env.timeout(opcost.gpu_adam_time(op.params, cluster))
-        elif op.kind is Kind.CPU_OPTIMIZER:
-            yield self.env.timeout(opcost.cpu_adam_time(op.params, cluster, s.gpus_per_node))
+        cluster = self.scenario.cluster
+        alone = local_time(op, self.scenario)
+        if alone is not None:
+            yield self.env.timeout(alone)
         elif op.tag:
             yield from self._send(rank, step, op)
         elif op.kind is Kind.COPY:

@@ -148,3 +148,19 @@ def isolated_time(phases: list[CommPhase], cluster: ClusterSpec,
         rate = busbw_override or ph.rate or min(link_capacity(lc, cluster) * mult for lc, mult in ph.links)
         total += ph.latency + ph.bus_bytes / rate
     return total
+
+
+def device_op_time(kind: str, *, flops: float, mem_bytes: float, elementwise_bytes: float, params: float,
+                   precision: str, cluster: ClusterSpec, ranks_per_node: int) -> float | None:
+    """Duration of an op that uses no shared link: compute, GPU Adam, CPU-Adam (None for
+    the others, whose time depends on what shares their links)."""
+    gpu = cluster.gpu
+    if kind == "compute":
+        return compute_time(flops, mem_bytes, gpu.peak_flops(precision), gpu.matmul_efficiency,
+                            gpu.memory_bandwidth, gpu.memory_bandwidth_efficiency, elementwise_bytes,
+                            gpu.kernel_overhead)
+    if kind == "optimizer":
+        return gpu_adam_time(params, cluster)
+    if kind == "cpu optimizer":
+        return cpu_adam_time(params, cluster, ranks_per_node)
+    return None
