@@ -9,7 +9,7 @@ semantics: ops of one stream run in order; `deps` are events recorded on other s
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from sim.layout import Axis
@@ -154,6 +154,13 @@ class Builder:
         self.cls.streams.setdefault(stream, []).append(op)
         self._next += 1
         return op.id
+
+    def attach(self, stream: Stream, op_id: int | None, *, alloc: tuple[Alloc, ...] = (),
+               free: tuple[Alloc, ...] = ()) -> None:
+        """Add memory taken / given back by an op already on `stream` (searched from the newest)."""
+        ops = self.cls.streams[stream]
+        idx = next(i for i in range(len(ops) - 1, -1, -1) if ops[i].id == op_id)
+        ops[idx] = replace(ops[idx], alloc=ops[idx].alloc + alloc, free=ops[idx].free + free)
 
     def last(self, stream: Stream) -> int | None:
         """Id of the newest op on `stream` (its completion = a CUDA event on that stream)."""

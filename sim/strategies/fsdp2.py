@@ -14,8 +14,6 @@ Gradient sync happens every micro-step (the default). Adam runs on the fp32 shar
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from sim.analytic.comm import dim0_padded
 from sim.errors import InputError
 from sim.model import module_tree
@@ -137,8 +135,7 @@ class Fsdp2Planner(Planner):
         self._free(op, unit)   # reshard after backward
         nbytes = self.r_bytes * self.padded[unit]
         grads = Alloc(Mem.GRADS, f"unsharded gradients unit {unit}", self.p_bytes * self.padded[unit])
-        ops = self.b.cls.streams[Stream.COMPUTE]
-        ops[-1] = replace(ops[-1], alloc=ops[-1].alloc + (grads,))
+        self.b.attach(Stream.COMPUTE, op, alloc=(grads,))
         self.wait_before_next_compute(self.prev_rs)   # at most one reduce-scatter outstanding
         copy_in = self.compute(f"reduce-scatter copy-in unit {unit}", Phase.BWD, ms, 0.0, 0.0,
                                None if unit == -1 else unit, elementwise_bytes=2.0 * nbytes)
@@ -151,9 +148,8 @@ class Fsdp2Planner(Planner):
                                      Phase.BWD, ms, deps=[rs])
 
     def _free(self, op: int, unit: int) -> None:
-        ops = self.b.cls.streams[Stream.COMPUTE]
         nbytes = self.p_bytes * self.padded[unit]
-        ops[-1] = replace(ops[-1], free=ops[-1].free + (Alloc(Mem.PARAMS, f"unsharded unit {unit}", nbytes),))
+        self.b.attach(Stream.COMPUTE, op, free=(Alloc(Mem.PARAMS, f"unsharded unit {unit}", nbytes),))
 
     def end_of_backward(self, ms: int) -> None:
         self.wait_before_next_compute(self.last_rs)   # finalize_backward waits for the reductions

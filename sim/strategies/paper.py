@@ -14,8 +14,6 @@ Volumes per rank: 2 Psi (stages 0-2) and 3 Psi (stage 3), times (N-1)/N.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from sim.analytic.memory import ZeroStage
 from sim.schedule import Alloc, Coll, Mem, Phase, Stream
 from sim.strategies.common import Planner, Use
@@ -94,10 +92,9 @@ class PaperPlanner(Planner):
         later = set(self.segments_of(nxt)) if 0 <= nxt < len(self.granules) else set()
         if use.what == "R":
             return
-        ops = self.b.cls.streams[Stream.COMPUTE]
         for k in self.segments_of(use.index):
             if k not in later and (use.micro_step, phase, k) in self.bcast:
-                ops[-1] = replace(ops[-1], free=ops[-1].free + (Alloc(Mem.PARAMS, f"segment {k}", self.h * self.seg),))
+                self.b.attach(Stream.COMPUTE, op, free=(Alloc(Mem.PARAMS, f"segment {k}", self.h * self.seg),))
 
     def end_of_backward(self, ms: int) -> None:
         last = self.b.last(Stream.COMPUTE)

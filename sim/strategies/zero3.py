@@ -20,7 +20,6 @@ the persistent parameters; no other parameter gather follows the step.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
 
 from sim.analytic.comm import tensor_padded
 from sim.schedule import Alloc, Coll, Kind, Mem, Phase, Schedule, Stream
@@ -210,9 +209,7 @@ class Zero3Planner(Planner):
 
     def _free_after(self, op: int | None, key: tuple[str, int, int]) -> None:
         """Give the gathered copy back when compute op `op` ends."""
-        ops = self.b.cls.streams[Stream.COMPUTE]
-        idx = next(i for i in range(len(ops) - 1, -1, -1) if ops[i].id == op)
-        ops[idx] = replace(ops[idx], free=ops[idx].free + (Alloc(Mem.PARAMS, f"gathered {key[0]}", self.h * key[2]),))
+        self.b.attach(Stream.COMPUTE, op, free=(Alloc(Mem.PARAMS, f"gathered {key[0]}", self.h * key[2]),))
 
     def _emit_use(self, use: Use) -> int | None:
         if use.what == "C":
