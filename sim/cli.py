@@ -26,6 +26,7 @@ from sim.scenario import load_scenario
 from sim.simulate import simulate
 from sim.tables import event_table
 from sim.trace import write_chrome_trace
+from sim.validate.cli_args import add_calibrate_args, add_validate_args
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 2, 3
 _SIZE = re.compile(r"^\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
@@ -78,18 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     cal = sub.add_parser("calibrate", help="measure this machine (gloo collectives, GEMM, memory) into a profile",
                          description="Measure gloo collectives and CPU compute with 2 and 4 processes, fit "
                                      "alpha-beta per collective, write hardware profiles (needs torch).")
-    cal.add_argument("--out", default=str(Path.home() / ".cache" / "zerosim" / "calibrated"),
-                     help="folder for the profile files (default: ~/.cache/zerosim/calibrated)")
-    cal.add_argument("--worlds", type=int, nargs="+", default=[2, 4], help="process counts to measure")
-    cal.add_argument("--max-size-MiB", type=float, default=64.0, help="largest collective size")
-    cal.add_argument("--device", help="instead: measure one device (e.g. cuda, cuda:0, cpu): GEMM efficiency "
-                                      "by shape, H2D/D2H pinned and pageable, CPU Adam")
-    cal.add_argument("--peak-TFLOPS", type=float, help="with --device: the dense peak to compute efficiency")
+    add_calibrate_args(cal)
     val = sub.add_parser("validate", help="real torch runs (gloo, CPU) against the planner; timing with a profile",
                          description="Run DDP, ZeroRedundancyOptimizer and FSDP2 on gloo and compare their "
                                      "collectives and memory with the planner's (needs torch).")
-    val.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
-    val.add_argument("--profile-dir", help="a `zerosim calibrate` folder: also predict the step times")
+    add_validate_args(val)
     cat = sub.add_parser("catalog", help="list bundled models, hardware and scenarios")
     cat.add_argument("kind", nargs="?", choices=KINDS)
     return parser
