@@ -12,7 +12,8 @@ from typing import Any
 
 from sim.catalog import resolve
 from sim.errors import InputError
-from sim.schema import Key, read_table, read_toml
+from sim.reading import read_toml
+from sim.schema import Key, read_table
 from sim.specs import ClusterSpec, GpuSpec, HostSpec, IntraNodeTopology, LinkSpec, NodeSpec
 
 GPU_KEYS = (

@@ -13,6 +13,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from sim import limits as L
 from sim.analytic.activations import Recompute
 from sim.analytic.memory import ZeroStage
 from sim.errors import InputError
@@ -25,7 +26,8 @@ from sim.scenario_tables import (DdpConfig, FsdpConfig, ddp_from_table, fsdp_fro
                                  read_training)
 from sim.analytic.opcost import Algorithm
 from sim.layout import Axis
-from sim.schema import Key, check_value, read_table, read_toml
+from sim.reading import parse_toml, read_text
+from sim.schema import Key, check_value, read_table
 from sim.units import GB
 from sim.specs import ClusterSpec
 from sim.zero_config import ZeroConfig, zero_from_dict
@@ -134,8 +136,8 @@ class Scenario:
 
 
 TOP_KEYS = (
-    Key("model", object), Key("cluster", object), Key("nodes", int, positive=True),
-    Key("gpus_per_node", int, required=False, default=None, positive=True),
+    Key("model", object), Key("cluster", object), Key("nodes", int, positive=True, maximum=L.MAX_NODES),
+    Key("gpus_per_node", int, required=False, default=None, positive=True, maximum=L.MAX_GPUS_PER_NODE),
     Key("engine", str, required=False, default=None, choices=tuple(Engine)),
     Key("deepspeed", str, required=False, default=None),
     Key("parallel", dict, required=False, default={}),
@@ -151,16 +153,17 @@ COMM_KEYS = (
     Key("busbw_GBps", dict, required=False, default={}),
 )
 PARALLEL_KEYS = (
-    Key("tp", int, required=False, default=1, positive=True),
-    Key("pp", int, required=False, default=1, positive=True),
-    Key("dp", int, required=False, default=None, positive=True),
+    Key("tp", int, required=False, default=1, positive=True, maximum=L.MAX_WORLD),
+    Key("pp", int, required=False, default=1, positive=True, maximum=L.MAX_WORLD),
+    Key("dp", int, required=False, default=None, positive=True, maximum=L.MAX_WORLD),
     Key("sequence_parallel", bool, required=False, default=False),
 )
 
 
 def load_scenario(path: Path) -> Scenario:
     """Read and validate a scenario file."""
-    return scenario_from_table(read_toml(path), path, path.stem, _question(path))
+    text = read_text(path)
+    return scenario_from_table(parse_toml(text, path), path, path.stem, _question(text))
 
 
 def scenario_from_table(raw: Mapping[str, Any], source: Path, name: str, question: str = "") -> Scenario:
@@ -173,6 +176,9 @@ def scenario_from_table(raw: Mapping[str, Any], source: Path, name: str, questio
     if gpn > cluster.gpus_per_node:
         raise InputError(source, "gpus_per_node", f"{gpn} > the cluster's {cluster.gpus_per_node} "
                          f"({cluster.name}); allowed: 1..{cluster.gpus_per_node}")
+    if top["nodes"] * gpn > L.MAX_WORLD:
+        raise InputError(source, "nodes", f"{top['nodes']} nodes x {gpn} GPUs = {top['nodes'] * gpn:,} GPUs; "
+                         f"allowed: at most {L.MAX_WORLD:,} GPUs")
     parallel = _parallel(top["parallel"], top["nodes"] * gpn, source)
     engine = _engine(top, source)
     ds = None
@@ -206,14 +212,10 @@ def _comm(raw: Mapping[str, Any], source: Path) -> CommConfig:
     return CommConfig(algorithm=Algorithm(v["algorithm"]), busbw=tuple(sorted(busbw)))
 
 
-def _question(path: Path) -> str:
+def _question(text: str) -> str:
     """The opening comment lines of a scenario file: the question it answers."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return ""
     question = []
-    for line in lines:
+    for line in text.splitlines():
         if not line.startswith("#"):
             break
         question.append(line.lstrip("#").strip())
@@ -271,6 +273,7 @@ def _engine(top: Mapping[str, Any], source: Path) -> Engine:
 def _training(raw: Mapping[str, Any], ds: Any, dp: int, engine: Engine, source: Path) -> Training:
     """[training] merged with a ds_config (conflicts are errors), batch filled DeepSpeed's way."""
     t = read_training(raw, source, have_deepspeed=ds is not None)
+    names = {key: (source, f"training.{key}") for key in ("global_batch", "micro_batch", "grad_accum")}
     if ds is not None:
         for key, ds_key, value in (("global_batch", "train_batch_size", ds.train_batch_size),
                                    ("micro_batch", "train_micro_batch_size_per_gpu", ds.micro_batch),
@@ -281,9 +284,11 @@ def _training(raw: Mapping[str, Any], ds: Any, dp: int, engine: Engine, source: 
                                  f"DeepSpeed config's {ds_key} ({value!r})")
             if t[key] is None:
                 t[key] = value
-    keys = ("training.global_batch", "training.micro_batch", "training.grad_accum")
-    global_batch, micro, accum = resolve_batch(t["global_batch"], t["micro_batch"], t["grad_accum"],
-                                               dp, source, keys)
+                if key in names and value is not None:
+                    names[key] = (ds.path, ds_key)
+    global_batch, micro, accum = resolve_batch(
+        t["global_batch"], t["micro_batch"], t["grad_accum"], dp,
+        (names["global_batch"], names["micro_batch"], names["grad_accum"]))
     clipping = t["gradient_clipping"]
     if clipping is None:  # DeepSpeed's code default is 1.0 (PR #8068); torch clips only if asked
         clipping = ds.gradient_clipping if ds else (1.0 if engine is Engine.DEEPSPEED else 0.0)

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from sim.analytic.memory import ZeroStage
 from sim.errors import InputError
+from sim.schema import NOT_SIMULATED_YET
 from sim.model import Position
-from sim.zero_config import OffloadDevice
 
 if TYPE_CHECKING:
     from sim.scenario import Scenario
@@ -25,6 +25,7 @@ def check_scenario(s: Scenario, source: Path) -> None:
     _check_shapes(s, source)
     _check_precision(s, source)
     _check_engine_rules(s, source)
+    _check_simulated(s, source)
 
 
 def _check_shapes(s: Scenario, source: Path) -> None:
@@ -52,26 +53,24 @@ def _check_precision(s: Scenario, source: Path) -> None:
 
 
 def _check_engine_rules(s: Scenario, source: Path) -> None:
-    dp = s.parallel.dp
-    if s.zero is not None:
-        z = s.zero
-        if z.stage >= ZeroStage.GRADIENTS and s.parallel.pp > 1:
-            raise InputError(source, "zero.stage", f"ZeRO-{int(z.stage)} is incompatible with pipeline "
-                             f"parallelism (pp = {s.parallel.pp}) in DeepSpeed; allowed: 0, 1")
-        if dp % z.zero_hpz_partition_size:
-            raise InputError(source, "zero.zero_hpz_partition_size", f"{z.zero_hpz_partition_size} "
-                             f"does not divide the data-parallel degree {dp}")
-        nvme = OffloadDevice.NVME in (z.offload_optimizer.device, z.offload_param.device)
-        if nvme and s.cluster.host.nvme_bandwidth == 0:
-            raise InputError(source, "zero.offload_optimizer", f"NVMe offload, but cluster "
-                             f"{s.cluster.name} gives no host.nvme_bandwidth_GBps")
-    if s.fsdp is not None:
-        f = s.fsdp
-        if dp % f.replicate_degree:
-            raise InputError(source, "fsdp.replicate_degree", f"{f.replicate_degree} does not divide "
-                             f"the data-parallel degree {dp}")
-        shard = dp // f.replicate_degree
-        k = f.reshard_after_forward
-        if not isinstance(k, bool) and shard % k:
-            raise InputError(source, "fsdp.reshard_after_forward", f"{k} does not divide the shard "
-                             f"group size {shard}")
+    if s.zero is not None and s.zero.stage >= ZeroStage.GRADIENTS and s.parallel.pp > 1:
+        raise InputError(source, "zero.stage", f"ZeRO-{int(s.zero.stage)} is incompatible with pipeline "
+                         f"parallelism (pp = {s.parallel.pp}) in DeepSpeed; allowed: 0, 1")
+
+
+def _check_simulated(s: Scenario, source: Path) -> None:
+    """Combinations every command refuses until the simulator has them (one rule for
+    `zerosim run`, `memory` and `check`, so that they never disagree)."""
+    paper = s.schedule_mode.value == "paper"
+    engine = "the paper schedules" if paper else "FSDP2" if s.fsdp is not None else None
+    if engine is not None:
+        for axis in ("tp", "pp"):
+            if getattr(s.parallel, axis) > 1:
+                raise InputError(source, f"parallel.{axis}", f"{axis} > 1 with {engine}: {NOT_SIMULATED_YET} "
+                                 "(2D/3D layouts are simulated with DeepSpeed and DDP); allowed: 1")
+    if paper and s.zero is not None:
+        for key in ("offload_optimizer", "offload_param"):
+            if getattr(s.zero, key).enabled:
+                raise InputError(source, f"zero.{key}", f"offload with schedule = \"paper\": {NOT_SIMULATED_YET} "
+                                 "(the paper schedules keep every state on the GPU); allowed: \"none\", or "
+                                 "schedule = \"implemented\"")

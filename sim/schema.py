@@ -1,6 +1,7 @@
 """Strict reading of data-file tables: every key declared, typed, unit-converted once.
 
-A table is checked against a list of `Key`s. Unknown keys, missing required keys,
+Files are read by `sim.reading` (encoding, size, depth, finite numbers); a table is
+checked here against a list of `Key`s. Unknown keys, missing required keys,
 wrong types and values outside the allowed set raise `InputError` naming the file,
 the dotted key and what is allowed. Keys whose name ends in a unit suffix
 (`sim.units.SUFFIX_TO_SI`) are converted to SI and stored without the suffix.
@@ -8,16 +9,17 @@ the dotted key and what is allowed. Keys whose name ends in a unit suffix
 
 from __future__ import annotations
 
-import json
-import tomllib
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sim.errors import InputError, allowed
+from sim.reading import MAX_INT
 from sim.units import SUFFIX_TO_SI
 
+NOT_SIMULATED_YET = "not simulated yet"
 _TYPE_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
                dict: "a table", list: "a list"}
 
@@ -34,6 +36,8 @@ class Key:
     positive: bool = False        # > 0
     non_negative: bool = False    # >= 0
     fraction: bool = False        # 0 < x <= 1
+    maximum: float | None = None  # largest value allowed (in the file's unit); see sim.limits
+    not_simulated: bool = False   # only the default is accepted until other values are simulated
 
     @property
     def field(self) -> str:
@@ -49,30 +53,6 @@ class Key:
             if self.name.endswith(suffix):
                 return factor
         return 1.0
-
-
-def read_toml(path: Path) -> dict[str, Any]:
-    """Parse a TOML file; a syntax error or a missing file is an InputError."""
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise InputError(path, "", "file not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise InputError(path, "", f"not valid TOML ({e})") from None
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    """Parse a JSON object file; a syntax error or a missing file is an InputError."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(path, "", "file not found") from None
-    except json.JSONDecodeError as e:
-        raise InputError(path, "", f"not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise InputError(path, "", "expected a JSON object at the top level")
-    return data
 
 
 def read_table(table: Mapping[str, Any], keys: Sequence[Key], source: str | Path,
@@ -106,9 +86,13 @@ def check_value(value: Any, key: Key, source: str | Path, dotted: str) -> Any:
         raise InputError(source, dotted, f"{value!r} is not valid; {allowed(key.choices)}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         in_range = ((not key.positive or value > 0) and (not key.non_negative or value >= 0)
-                    and (not key.fraction or 0 < value <= 1))
+                    and (not key.fraction or 0 < value <= 1)
+                    and (key.maximum is None or value <= key.maximum))
         if not in_range:
             raise InputError(source, dotted, f"got {value}; allowed: {describe(key)}")
+    if key.not_simulated and value != key.default:
+        raise InputError(source, dotted, f"{value!r}: {NOT_SIMULATED_YET}; allowed: its default "
+                         f"({key.default!r})")
     return value
 
 
@@ -117,13 +101,13 @@ def describe(key: Key) -> str:
     if key.choices:
         return "one of " + ", ".join(str(c) for c in key.choices)
     text = _TYPE_NAMES.get(key.kind, "a catalog name, a path or a table")
-    if key.positive:
-        text += " > 0"
-    elif key.non_negative:
-        text += " >= 0"
-    elif key.fraction:
-        text += " in (0, 1]"
-    return text
+    low = " > 0" if key.positive else " >= 0" if key.non_negative else ""
+    if key.fraction:
+        return text + " in (0, 1]"
+    if key.maximum is not None:
+        top = f"{key.maximum:,}" if key.kind is int else f"{key.maximum:g}"
+        return text + (f"{low} and <= {top}" if low else f" <= {top}")
+    return text + low
 
 
 def _coerce(value: Any, kind: type, source: str | Path, dotted: str) -> Any:
@@ -132,14 +116,19 @@ def _coerce(value: Any, kind: type, source: str | Path, dotted: str) -> Any:
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise wrong
+        if abs(value) > MAX_INT or not math.isfinite(value):
+            raise InputError(source, dotted, f"got {value!r}; allowed: a finite number")
         return float(value)
     if kind is int:
         if isinstance(value, bool):
             raise wrong
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INT:
             return int(value)      # DeepSpeed accepts 5e8 for an element count
         if not isinstance(value, int):
             raise wrong
+        if abs(value) > MAX_INT:
+            raise InputError(source, dotted, f"an integer of {len(str(abs(value)))} digits; allowed: "
+                             f"integers up to {MAX_INT:,}")
         return value
     if kind is bool and not isinstance(value, bool):
         raise wrong

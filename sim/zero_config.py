@@ -17,7 +17,7 @@ from typing import Any
 
 from sim.analytic.memory import ZeroStage
 from sim.errors import InputError, allowed
-from sim.schema import Key, check_value, read_table
+from sim.schema import NOT_SIMULATED_YET, Key, check_value, read_table
 
 
 class OffloadDevice(StrEnum):
@@ -75,26 +75,26 @@ _I, _B = int, bool
 ZERO_KEYS = (
     Key("stage", _I, required=False, default=0, choices=(0, 1, 2, 3)),
     Key("overlap_comm", _B, required=False, default=None),
-    Key("contiguous_gradients", _B, required=False, default=True),
+    Key("contiguous_gradients", _B, required=False, default=True, not_simulated=True),
     Key("reduce_bucket_size", _I, required=False, default=500_000_000, non_negative=True),
     Key("reduce_scatter", _B, required=False, default=True),
     Key("use_multi_rank_bucket_allreduce", _B, required=False, default=True),
     Key("allgather_partitions", _B, required=False, default=True),
     Key("allgather_bucket_size", _I, required=False, default=500_000_000, non_negative=True),
-    Key("round_robin_gradients", _B, required=False, default=False),
+    Key("round_robin_gradients", _B, required=False, default=False, not_simulated=True),
     Key("sub_group_size", _I, required=False, default=1_000_000_000, non_negative=True),
     Key("prefetch_bucket_size", _I, required=False, default=50_000_000, non_negative=True),
     Key("max_live_parameters", _I, required=False, default=1_000_000_000, non_negative=True),
     Key("max_reuse_distance", _I, required=False, default=1_000_000_000, non_negative=True),
     Key("param_persistence_threshold", _I, required=False, default=100_000, non_negative=True),
     Key("model_persistence_threshold", _I, required=False, default=2**63 - 1, non_negative=True),
-    Key("module_granularity_threshold", _I, required=False, default=0, non_negative=True),
-    Key("use_all_reduce_for_fetch_params", _B, required=False, default=False),
-    Key("allgather_sequential", _B, required=False, default=False),
-    Key("zero_hpz_partition_size", _I, required=False, default=1, positive=True),
-    Key("zero_quantized_weights", _B, required=False, default=False),
-    Key("zero_quantized_nontrainable_weights", _B, required=False, default=False),
-    Key("zero_quantized_gradients", _B, required=False, default=False),
+    Key("module_granularity_threshold", _I, required=False, default=0, non_negative=True, not_simulated=True),
+    Key("use_all_reduce_for_fetch_params", _B, required=False, default=False, not_simulated=True),
+    Key("allgather_sequential", _B, required=False, default=False, not_simulated=True),
+    Key("zero_hpz_partition_size", _I, required=False, default=1, positive=True, not_simulated=True),
+    Key("zero_quantized_weights", _B, required=False, default=False, not_simulated=True),
+    Key("zero_quantized_nontrainable_weights", _B, required=False, default=False, not_simulated=True),
+    Key("zero_quantized_gradients", _B, required=False, default=False, not_simulated=True),
     Key("offload_optimizer", object, required=False, default=None),
     Key("offload_param", object, required=False, default=None),
 )
@@ -119,17 +119,17 @@ HF_AUTO = {"reduce_bucket_size": lambda h: h * h, "prefetch_bucket_size": lambda
            "param_persistence_threshold": lambda h: 10 * h}
 OFFLOAD_KEYS = (
     Key("device", str, required=False, default="none", choices=tuple(OffloadDevice)),
-    Key("pin_memory", _B, required=False, default=True),
+    Key("pin_memory", _B, required=False, default=True, not_simulated=True),
     Key("nvme_path", str, required=False, default=None),
-    Key("buffer_count", _I, required=False, default=None, non_negative=True),
-    Key("buffer_size", _I, required=False, default=100_000_000, non_negative=True),
-    Key("max_in_cpu", _I, required=False, default=1_000_000_000, non_negative=True),
-    Key("pipeline_read", _B, required=False, default=False),
-    Key("pipeline_write", _B, required=False, default=False),
-    Key("fast_init", _B, required=False, default=False),
-    Key("ratio", float, required=False, default=1.0, fraction=True),
-    Key("super_offload", _B, required=False, default=False),
-    Key("cpuadam_cores_perc", float, required=False, default=0.8, fraction=True),
+    Key("buffer_count", _I, required=False, default=None, non_negative=True, not_simulated=True),
+    Key("buffer_size", _I, required=False, default=100_000_000, non_negative=True, not_simulated=True),
+    Key("max_in_cpu", _I, required=False, default=1_000_000_000, non_negative=True, not_simulated=True),
+    Key("pipeline_read", _B, required=False, default=False, not_simulated=True),
+    Key("pipeline_write", _B, required=False, default=False, not_simulated=True),
+    Key("fast_init", _B, required=False, default=False, not_simulated=True),
+    Key("ratio", float, required=False, default=1.0, fraction=True, not_simulated=True),
+    Key("super_offload", _B, required=False, default=False, not_simulated=True),
+    Key("cpuadam_cores_perc", float, required=False, default=0.8, fraction=True, not_simulated=True),
 )
 _PARAM_ONLY = ("buffer_size", "max_in_cpu")
 _OPTIMIZER_ONLY = ("pipeline_read", "pipeline_write", "fast_init", "ratio", "super_offload",
@@ -163,7 +163,7 @@ def _normalise(raw: Mapping[str, Any], source: str | Path, prefix: str, hidden: 
             continue
         if name in UNSUPPORTED_UNLESS_DEFAULT:
             if value != UNSUPPORTED_UNLESS_DEFAULT[name]:
-                raise InputError(source, prefix + key, "this DeepSpeed feature is not modelled; "
+                raise InputError(source, prefix + key, f"{value!r}: {NOT_SIMULATED_YET}; "
                                  f"allowed: its default ({UNSUPPORTED_UNLESS_DEFAULT[name]!r})")
             continue
         if name in ("cpu_offload", "cpu_offload_param"):  # deprecated booleans (config.py)
@@ -192,8 +192,9 @@ def _offload(raw: Any, source: str | Path, dotted: str, *, optimizer: bool) -> O
     keys = OFFLOAD_OPTIMIZER_KEYS if optimizer else OFFLOAD_PARAM_KEYS
     v = read_table(raw, keys, source, dotted + ".")
     device = OffloadDevice(v["device"])
-    if device is OffloadDevice.NVME and not v["nvme_path"]:
-        raise InputError(source, dotted + ".nvme_path", "required when device = 'nvme'")
+    if device is OffloadDevice.NVME:   # ZeRO-Infinity: swapping to NVMe is not simulated yet
+        raise InputError(source, dotted + ".device", f"'nvme' (ZeRO-Infinity): {NOT_SIMULATED_YET}; "
+                         "allowed: none, cpu")
     default_count = 4 if optimizer else 5
     return OffloadConfig(device=device, pin_memory=v["pin_memory"], ratio=v.get("ratio", 1.0),
                          buffer_count=v["buffer_count"] if v["buffer_count"] is not None else default_count,
@@ -202,16 +203,9 @@ def _offload(raw: Any, source: str | Path, dotted: str, *, optimizer: bool) -> O
 
 def _check_stage_features(stage: ZeroStage, v: Mapping[str, Any], opt: OffloadConfig,
                           par: OffloadConfig, source: str | Path, prefix: str) -> None:
-    """DeepSpeed's per-stage rules (config.py validators, reference 1.2)."""
+    """DeepSpeed's per-stage rules (config.py validators, reference 1.2). ZeRO++ and the
+    partial `ratio` are refused as not simulated yet before these run."""
     if par.enabled and stage != ZeroStage.PARAMETERS:
         raise InputError(source, prefix + "offload_param", f"needs stage 3, got stage {int(stage)}")
-    if opt.ratio < 1.0 and stage != ZeroStage.PARAMETERS:
-        raise InputError(source, prefix + "offload_optimizer.ratio",
-                         "partial offloading (ratio < 1) is only supported for ZeRO stage 3")
     if opt.enabled and stage == ZeroStage.NONE:
         raise InputError(source, prefix + "offload_optimizer", "needs ZeRO stage 1, 2 or 3")
-    zeropp = {"zero_hpz_partition_size": 1, "zero_quantized_weights": False,
-              "zero_quantized_gradients": False}
-    for key, default in zeropp.items():
-        if v[key] != default and stage != ZeroStage.PARAMETERS:
-            raise InputError(source, prefix + key, f"a ZeRO++ feature of stage 3, got stage {int(stage)}")

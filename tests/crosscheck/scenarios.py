@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.scenario import Scenario, scenario_from_table
-from sim.schema import read_toml
+from sim.reading import read_toml
 
 TINY_MODEL = {"name": "tiny", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": 8, "ffn_hidden": 1376,
               "vocab": 8000}
@@ -43,11 +43,11 @@ STRATEGIES: dict[str, dict] = {
 
 def tiny(strategy: str, *, nodes: int = 1, grad_accum: int = 2, recompute: str = "none",
          comm: dict | None = None, extra_zero: dict | None = None, model: dict | None = None,
-         seq_len: int = 512, micro_batch: int = 2) -> Scenario:
+         seq_len: int = 512, micro_batch: int = 2, strategy_table: dict | None = None) -> Scenario:
     table: dict = {"model": model or TINY_MODEL, "cluster": "dgx-a100-80g", "nodes": nodes,
                    "training": {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum": grad_accum,
                                 "precision": "bf16", "recompute": recompute}}
-    for key, value in STRATEGIES[strategy].items():
+    for key, value in (strategy_table or STRATEGIES[strategy]).items():
         table[key] = {**value} if isinstance(value, dict) else value
     if extra_zero:
         table["zero"] = {**table.get("zero", {}), **extra_zero}

@@ -12,7 +12,7 @@ from sim.analytic.placement import params_per_stage
 from sim.deepspeed_config import read_deepspeed_config, resolve_batch
 from sim.errors import InputError
 from sim.model import Bias
-from sim.models import model_from_hf_config
+from sim.hf_config import model_from_hf_config
 from sim.zero_config import OffloadDevice, zero_from_dict
 from tests.conftest import catalog_model
 
@@ -56,10 +56,10 @@ def test_zero_code_defaults_not_doc_defaults():
 def test_zero_aliases_auto_and_offload_forms():
     z = zero_from_dict({"stage": 3, "stage3_prefetch_bucket_size": "auto", "reduce_bucket_size": "auto",
                         "stage3_param_persistence_threshold": "auto", "offload_optimizer": "cpu",
-                        "offload_param": {"device": "cpu", "pin_memory": False}}, "x.json", "", hidden=4096)
+                        "offload_param": {"device": "cpu", "pin_memory": True}}, "x.json", "", hidden=4096)
     assert z.reduce_bucket_size == 4096**2 and z.prefetch_bucket_size == int(0.9 * 4096**2)
     assert z.param_persistence_threshold == 40960
-    assert z.offload_optimizer.device is OffloadDevice.CPU and not z.offload_param.pin_memory
+    assert z.offload_optimizer.device is OffloadDevice.CPU and z.offload_param.pin_memory
 
 
 @pytest.mark.parametrize(("raw", "key"), [
@@ -82,14 +82,14 @@ def test_zero_config_errors(raw, key):
 ])
 def test_deepspeed_batch_fill_rules(given, expected):
     keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-    assert resolve_batch(*given, 8, "ds.json", keys) == expected
+    assert resolve_batch(*given, 8, tuple(("ds.json", k) for k in keys)) == expected
 
 
 @pytest.mark.parametrize("given", [(100, 1, 8), (None, None, 4), (4, 1, None)])
 def test_deepspeed_batch_rule_failures(given):
     keys = ("global_batch", "micro_batch", "grad_accum")
     with pytest.raises(InputError):
-        resolve_batch(*given, 8, "s.toml", keys)
+        resolve_batch(*given, 8, tuple(("s.toml", k) for k in keys))
 
 
 def test_ds_config_json(tmp_path):
