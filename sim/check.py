@@ -70,7 +70,7 @@ def op_cost(op: Op, s: Scenario, layout: Any) -> float:
         return cluster.host.pcie.latency + op.nbytes / opcost.pcie_bandwidth(cluster)
     assert op.axis is not None and op.coll is not None
     members = layout.group(op.axis, layout.representatives[0])
-    nodes, per_node = layout.span(members)
+    nodes, per_node = layout.group_span(op.axis, layout.representatives[0])
     phases = opcost.collective_phases(op.coll, op.nbytes, opcost.GroupShape(len(members), nodes, per_node),
                                       cluster, s.comm.algorithm)
     return opcost.isolated_time(phases, cluster, s.comm.override(op.axis))

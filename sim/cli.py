@@ -7,15 +7,18 @@ with a one-line message on stderr naming the file and key. Only this module writ
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from sim.analytic.memory import Convention
+from sim import limits as L
 from sim.catalog import KINDS, catalog_names, looks_like_path, resolve
-from sim.errors import InputError, allowed
+from sim.cli_checks import (CLI, COUNT_UNITS, MAX_DEVICE_MEMORY, MAX_K, MAX_PARAMS, SIZE_UNITS, check_finite,
+                            check_int, check_number, check_output_path, image_suffixes, parse_quantity,
+                            strict_json, written)
+from sim.errors import InputError
 from sim.memory_report import quick_report, scenario_report
 from sim.memory_text import format_memory
 from sim.plots import save_memory_plot
@@ -29,31 +32,24 @@ from sim.trace import write_chrome_trace
 from sim.validate.cli_args import add_calibrate_args, add_validate_args
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 2, 3
-_SIZE = re.compile(r"^\s*([0-9.]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
-_SIZE_UNITS = {"": 1.0, "B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-               "KIB": 2.0**10, "MIB": 2.0**20, "GIB": 2.0**30, "TIB": 2.0**40}
-_COUNT_UNITS = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
-def parse_quantity(text: str, units: dict[str, float], flag: str) -> float:
-    """'32GB' -> 3.2e10, '7.5B' -> 7.5e9; anything else is an InputError naming the flag."""
-    match = _SIZE.match(text)
-    unit = match.group(2).upper() if match else None
-    if not match or unit not in units:
-        raise InputError("command line", flag, f"cannot read {text!r}; a number with an optional "
-                         f"unit, {allowed(k for k in units if k)}")
-    return float(match.group(1)) * units[unit]
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (an InputError), not a usage block and exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise InputError(CLI, self.prog, f"{message}; see `{self.prog} --help`")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerosim", description="Performance simulator for "
+    parser = Parser(prog="zerosim", description="Performance simulator for "
                                      "distributed LLM training (DeepSpeed ZeRO, FSDP2, 3D parallelism).")
     sub = parser.add_subparsers(dest="command", required=True)
     mem = sub.add_parser("memory", help="per-GPU memory by ZeRO stage and component; largest model",
                          description="Per-GPU memory table for a scenario, or for --params/--dp.")
     mem.add_argument("scenario", nargs="?", help="scenario TOML file, or a bundled scenario's name")
     mem.add_argument("--params", help="parameter count for a quick question, e.g. 7.5e9 or 7.5B")
-    mem.add_argument("--dp", type=int, default=1, help="data-parallel degree (with --params)")
+    mem.add_argument("--dp", type=int, default=None, help="data-parallel degree (with --params; default 1)")
     mem.add_argument("--gpu-memory", help="device memory, e.g. 32GB or 80GiB (with --params)")
     mem.add_argument("--largest-module", help="largest module's parameters (deepspeed convention, stage 3)")
     mem.add_argument("--k", type=float, default=12.0, help="optimizer bytes per parameter K (paper)")
@@ -64,13 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     mem.add_argument("--fragmentation", type=float, default=0.0,
                      help="allocator fragmentation allowance as a fraction of activations + buffers")
     mem.add_argument("--json", action="store_true", help="print one JSON object")
-    mem.add_argument("--plot", metavar="PNG", help="also draw the breakdown by stage to this PNG file")
+    mem.add_argument("--plot", metavar="PNG", help="also draw the breakdown by stage to this image file "
+                     "(.png, .pdf, .svg, ...)")
     run = sub.add_parser("run", help="simulate a training step: time, MFU, exposed communication, memory",
                          description="Simulate optimizer steps of a scenario with the discrete-event engine.")
     run.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name")
     run.add_argument("--json", action="store_true", help="print one JSON object (the results contract)")
     run.add_argument("--trace", metavar="OUT.json", help="write a Chrome / Perfetto trace")
-    run.add_argument("--steps", type=int, default=1, help="optimizer steps to simulate (default 1)")
+    run.add_argument("--steps", type=int, default=1, help="optimizer steps to simulate (default 1; the "
+                     "last one is reported)")
     run.add_argument("--mode", choices=[m.value for m in Mode], default="representative",
                      help="simulate one rank per symmetry class, or every rank")
     run.add_argument("--events", metavar="OUT.csv", help="write the tidy event table (pandas) as CSV")
@@ -93,51 +91,66 @@ def scenario_path(arg: str) -> Path:
     """A scenario file path, or the name of a bundled scenario (`zerosim catalog scenarios`)."""
     if looks_like_path(arg):
         return Path(arg)
-    return resolve(arg, "scenarios", Path.cwd(), "command line", "scenario")
+    return resolve(arg, "scenarios", Path.cwd(), CLI, "scenario")
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
     if (args.scenario is None) == (args.params is None):
-        raise InputError("command line", "scenario", "give either a scenario file or --params (exactly one)")
+        raise InputError(CLI, "scenario", "give either a scenario file or --params (exactly one)")
+    plot = check_output_path(args.plot, "--plot", image_suffixes()) if args.plot else None
+    fragmentation = check_number(args.fragmentation, "--fragmentation", low=0, high=1, high_open=True)
     if args.scenario is not None:
-        for flag in ("gpu_memory", "largest_module"):
+        for flag in ("gpu_memory", "largest_module", "dp"):
             if getattr(args, flag) is not None:
-                raise InputError("command line", "--" + flag.replace("_", "-"),
-                                 "only with --params (a scenario names its cluster and model)")
-        convention = Convention(args.convention or "allocated")
-        report = scenario_report(load_scenario(scenario_path(args.scenario)), convention=convention,
-                                 fragmentation=_fraction(args.fragmentation))
+                raise InputError(CLI, "--" + flag.replace("_", "-"),
+                                 "only with --params (a scenario names its cluster, model and layout)")
+        source: str | Path = scenario_path(args.scenario)
+        report = scenario_report(load_scenario(Path(source)), convention=Convention(args.convention or "allocated"),
+                                 fragmentation=fragmentation)
     else:
-        if args.dp < 1:
-            raise InputError("command line", "--dp", f"got {args.dp}; allowed: an integer >= 1")
-        memory = parse_quantity(args.gpu_memory, _SIZE_UNITS, "--gpu-memory") if args.gpu_memory else None
-        largest = parse_quantity(args.largest_module, _COUNT_UNITS, "--largest-module") if args.largest_module else 0.0
-        report = quick_report(parse_quantity(args.params, _COUNT_UNITS, "--params"), args.dp,
-                              convention=Convention(args.convention or "paper"),
-                              device_memory=memory, k=args.k, largest_module=largest)
-    print(json.dumps(report.to_json(), indent=2) if args.json else format_memory(report))
-    if args.plot:
-        save_memory_plot(report, args.plot)
+        source = CLI
+        params, dp, memory, largest = _quick_question(args)
+        report = quick_report(params, dp, convention=Convention(args.convention or "paper"),
+                              device_memory=memory, largest_module=largest,
+                              k=check_number(args.k, "--k", low=0, high=MAX_K))
+    out = report.to_json()
+    check_finite(out, source)
+    if plot:
+        written(plot, "--plot", lambda p: save_memory_plot(report, str(p)))
+    print(strict_json(out, source, indent=2) if args.json else format_memory(report))
     return EXIT_DOES_NOT_FIT if report.fits is False else EXIT_OK
 
 
-def _fraction(value: float) -> float:
-    if not 0 <= value < 1:
-        raise InputError("command line", "--fragmentation", f"must be in [0, 1), got {value}")
-    return value
+def _quick_question(args: argparse.Namespace) -> tuple[float, int, float | None, float]:
+    """(parameters, dp, device memory or None, largest module) from the --params form."""
+    params = parse_quantity(args.params, COUNT_UNITS, "--params", maximum=MAX_PARAMS)
+    dp = check_int(1 if args.dp is None else args.dp, "--dp", low=1, high=L.MAX_WORLD)
+    memory = None
+    if args.gpu_memory is not None:
+        memory = parse_quantity(args.gpu_memory, SIZE_UNITS, "--gpu-memory", maximum=MAX_DEVICE_MEMORY)
+    largest = 0.0
+    if args.largest_module is not None:
+        largest = parse_quantity(args.largest_module, COUNT_UNITS, "--largest-module", maximum=MAX_PARAMS)
+        if largest > params:
+            raise InputError(CLI, "--largest-module", f"{largest:g} parameters is more than the whole model "
+                             f"(--params {params:g}); allowed: at most --params")
+    return params, dp, memory, largest
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        raise InputError("command line", "--steps", f"got {args.steps}; allowed: an integer >= 1")
-    scenario = load_scenario(scenario_path(args.scenario))
-    result = simulate(scenario, steps=args.steps, mode=Mode(args.mode))
+    steps = check_int(args.steps, "--steps", low=1, high=L.MAX_STEPS)
+    trace = check_output_path(args.trace, "--trace", ("json",)) if args.trace else None
+    events = check_output_path(args.events, "--events", ("csv",)) if args.events else None
+    path = scenario_path(args.scenario)
+    scenario = load_scenario(path)
+    result = simulate(scenario, steps=steps, mode=Mode(args.mode))
     report = result.to_json()
-    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_run(report, scenario.question))
-    if args.trace:
-        write_chrome_trace(result, args.trace)
-    if args.events:
-        event_table(result).to_csv(args.events, index=False)
+    check_finite(report, path)
+    if trace:
+        written(trace, "--trace", lambda p: write_chrome_trace(result, str(p)))
+    if events:
+        written(events, "--events", lambda p: event_table(result).to_csv(p, index=False))
+    print(strict_json(report, path, indent=2, sort_keys=True) if args.json else format_run(report, scenario.question))
     return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
 
 
@@ -165,7 +178,7 @@ def cmd_validation(args: argparse.Namespace) -> int:
     try:
         from sim.validate import commands
     except ImportError as error:
-        raise InputError("command line", args.command, f"needs torch ({error}); allowed: install "
+        raise InputError(CLI, args.command, f"needs torch ({error}); allowed: install "
                          "zerosim with the validate extra: pip install '.[validate]'") from None
     return commands.cmd_calibrate(args) if args.command == "calibrate" else commands.cmd_validate(args)
 
@@ -175,8 +188,8 @@ COMMANDS = {"memory": cmd_memory, "run": cmd_run, "check": cmd_check, "catalog":
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)
     except InputError as error:
         print(f"zerosim: error: {error}", file=sys.stderr)

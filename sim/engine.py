@@ -90,11 +90,13 @@ class Engine:
 
     # -- running ---------------------------------------------------------------------------
     def run(self, steps: int = 1) -> None:
-        """Simulate `steps` optimizer steps back to back."""
+        """Simulate `steps` optimizer steps back to back; `spans` holds the last one's ops,
+        `step_bounds` every step's start and end."""
         for r in self.ranks:
             for alloc in self.schedule.classes[self.layout.class_of(r)].resident:
                 self.pools[r].allocate(alloc, 0.0)
         for step in range(steps):
+            self.spans.clear()     # only the last step's records are kept: memory bounded by one step
             start = self.env.now
             done: dict[int, dict[int, simpy.Event]] = {}
             ends: dict[int, dict[int, float]] = {}
@@ -174,21 +176,23 @@ class Engine:
         assert op.axis is not None and op.coll is not None
         members = self.layout.group(op.axis, rank)
         if self.mode is Mode.REPRESENTATIVE:
-            yield self.env.process(self._run_collective(op, members, (rank,)))
+            yield self.env.process(self._run_collective(op, rank, (rank,)))
             return
         key = (step, op.id, members)
         meeting = self._meetings.setdefault(key, [0, self.env.event()])
         meeting[0] += 1
         if meeting[0] == len(members):
             del self._meetings[key]
-            self.env.process(self._run_collective(op, members, members, meeting[1]))
+            self.env.process(self._run_collective(op, rank, members, meeting[1]))
         yield meeting[1]
 
-    def _run_collective(self, op: Op, members: tuple[int, ...], simulated: tuple[int, ...],
+    def _run_collective(self, op: Op, rank: int, simulated: tuple[int, ...],
                         done: simpy.Event | None = None) -> Generator[simpy.Event, Any, None]:
-        """Latency, then the bus bytes as one flow over the ports of the simulated members."""
-        nodes, per_node = self.layout.span(members)
-        shape = opcost.GroupShape(len(members), nodes, per_node)
+        """Latency, then the bus bytes as one flow over the ports of the simulated members
+        of `rank`'s group."""
+        assert op.axis is not None
+        nodes, per_node = self.layout.group_span(op.axis, rank)
+        shape = opcost.GroupShape(len(self.layout.group(op.axis, rank)), nodes, per_node)
         override = self.scenario.comm.override(op.axis)
         assert op.coll is not None
         for phase in opcost.collective_phases(op.coll, op.nbytes, shape, self.scenario.cluster,

@@ -51,8 +51,27 @@ class Layout:
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
+    @cached_property
+    def _groups(self) -> dict[tuple[Axis, int], tuple[tuple[int, ...], tuple[int, int]]]:
+        return {}
+
     def group(self, axis: Axis, rank: int) -> tuple[int, ...]:
-        """The ranks of `rank`'s group along `axis`, in axis order."""
+        """The ranks of `rank`'s group along `axis`, in axis order (built once per rank and
+        axis: a data-parallel group can hold a million ranks)."""
+        return self._group_and_span(axis, rank)[0]
+
+    def group_span(self, axis: Axis, rank: int) -> tuple[int, int]:
+        """`span` of `rank`'s group along `axis`, computed once."""
+        return self._group_and_span(axis, rank)[1]
+
+    def _group_and_span(self, axis: Axis, rank: int) -> tuple[tuple[int, ...], tuple[int, int]]:
+        key = (axis, rank)
+        if key not in self._groups:
+            members = self._build_group(axis, rank)
+            self._groups[key] = (members, self.span(members))
+        return self._groups[key]
+
+    def _build_group(self, axis: Axis, rank: int) -> tuple[int, ...]:
         c = self.coords(rank)
         if axis is Axis.TP:
             return tuple(self.rank(Coords(c.dp, c.pp, t)) for t in range(self.tp))
@@ -64,7 +83,7 @@ class Layout:
         """Every group along `axis`, each once, ordered by its first rank."""
         seen: dict[int, tuple[int, ...]] = {}
         for r in range(self.world_size):
-            g = self.group(axis, r)
+            g = self._build_group(axis, r)
             seen.setdefault(g[0], g)
         return [seen[k] for k in sorted(seen)]
 

@@ -33,6 +33,12 @@ def format_memory(r: MemoryReport) -> str:
     lines.append("")
     if r.this_stage is not None:
         lines.append(f"< this scenario's stage: {'fits' if r.fits else 'DOES NOT FIT'}")
+        own = r.rows[r.this_stage]
+        if own.host_bytes > 0 and r.host_memory_bytes:
+            node = own.host_bytes * r.gpus_per_node
+            verdict = "fits" if node <= r.host_memory_bytes else "DOES NOT FIT"
+            lines.append(f"host memory: {own.host_bytes / GB:.1f} GB per GPU x {r.gpus_per_node} GPUs = "
+                         f"{node / GB:.1f} GB per node of {r.host_memory_bytes / GB:.1f} GB DRAM: {verdict}")
     lines += [f"note: {n}" for n in r.notes]
     if r.device_memory_bytes:
         limits = r.to_json()["largest_model_params_limit"]

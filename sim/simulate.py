@@ -18,7 +18,7 @@ from sim.layout import Layout
 from sim.result import TimeBreakdown, attribute
 from sim.scenario import Scenario
 from sim.schedule import Kind, Mem, Schedule
-from sim.strategies import layout_of, plan
+from sim.strategies import check_work, layout_of, plan
 
 
 @dataclass
@@ -35,8 +35,24 @@ class SimulationResult:
     hardware_flops: float
 
     @property
-    def fits(self) -> bool:
+    def fits_device(self) -> bool:
         return all(p.oom is None for p in self.engine.pools.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_device and self.host_node_bytes() <= self.scenario.cluster.host.dram
+
+    def host_node_bytes(self) -> float:
+        """Host memory the busiest node needs: the resident host allocations (offloaded
+        states) of every rank on it, summed (sim.resident)."""
+        per_class = [sum(a.nbytes for a in c.host) for c in self.schedule.classes]
+        if not any(per_class):
+            return 0.0
+        gpn, layout = self.scenario.gpus_per_node, self.layout
+        if len(per_class) == 1:
+            return per_class[0] * min(gpn, layout.world_size)
+        return max(sum(per_class[layout.class_of(r)] for r in range(node * gpn, min((node + 1) * gpn, layout.world_size)))
+                   for node in range(layout.nodes))
 
     def peak_pool(self):  # type: ignore[no-untyped-def]
         return max(self.engine.pools.values(), key=lambda p: (p.peak, -p.rank))
@@ -80,7 +96,11 @@ class SimulationResult:
                        "optimizer_bytes": peak.peak_breakdown.get(Mem.OPTIMIZER, 0.0),
                        "activations_bytes": peak.peak_breakdown.get(Mem.ACTIVATIONS, 0.0),
                        "buffers_bytes": peak.peak_breakdown.get(Mem.BUFFERS, 0.0),
-                       "out_of_memory": peak.oom},
+                       "out_of_memory": peak.oom, "fits_device": self.fits_device,
+                       "host_bytes_per_gpu": max(sum(a.nbytes for a in c.host) for c in self.schedule.classes),
+                       "host_bytes_per_node": self.host_node_bytes(),
+                       "host_capacity_bytes": s.cluster.host.dram,
+                       "fits_host": self.host_node_bytes() <= s.cluster.host.dram},
             "comm": self.comm_table(),
             "engine": s.engine.value, "schedule": self.schedule.strategy, "mode": self.mode.value,
             "steps": self.steps, "notes": self.schedule.notes,
@@ -95,6 +115,7 @@ def simulate(s: Scenario, *, steps: int = 1, mode: Mode = Mode.REPRESENTATIVE,
              serial: bool = False) -> SimulationResult:
     """Plan and simulate `steps` optimizer steps; report the last one. `serial` runs each
     rank's ops one at a time in issue order (no overlap: the cross-check's identity case)."""
+    check_work(s, steps=steps, full=mode is Mode.FULL)
     schedule = plan(s)
     layout = layout_of(s)
     engine = Engine(s, schedule, layout, mode, serial)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sim.model import ModelSpec, module_tree
+from sim.model import Family, ModelSpec, Position, module_tree
 
 
 
@@ -92,6 +92,21 @@ def _attention_core(m: ModelSpec, block: int | None, seq_len: int, micro_batch: 
     traffic = value_bytes * 4 * seq_len * micro_batch * m.q_dim / tp
     return Unit(f"model.layers.{block}.attention", block, (), flops, 2 * flops, 0.0, traffic,
                 2 * traffic, attention_flops=flops)
+
+
+def unit_count(m: ModelSpec, *, per_module: bool) -> int:
+    """len(units(m, ...)) (per_module) or len(blocks(units(m, ...))), in closed form, so that
+    the engine's work can be estimated without building anything (sim.limits)."""
+    if not per_module:
+        return m.layers + 2                        # embedding, one per block, head
+    attention = 2 if m.family is Family.GPT2 else 4
+    if m.experts > 1:
+        mlp = 1 + 3 * m.experts                    # router + w1, w3, w2 per expert
+    else:
+        mlp = 3 if m.gated_mlp and m.family is not Family.GPT2 else 2
+    per_block = 2 + attention + 1 + mlp            # two norms, projections, attention core
+    outside = 3 + (m.position is Position.LEARNED)  # embeddings, final norm, head
+    return outside + m.layers * per_block
 
 
 def merge(group: list[Unit], name: str) -> Unit:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sim.errors import InputError
 from sim.layout import Layout
+from sim.limits import estimated_ops
 from sim.scenario import Engine, Scenario, ScheduleMode
 from sim.schedule import Schedule
 from sim.strategies.common import Planner
@@ -12,6 +13,7 @@ from sim.strategies.fsdp2 import Fsdp2Planner
 from sim.strategies.paper import PaperPlanner
 from sim.strategies.zero3 import Zero3Planner
 from sim.strategies.zero12 import Zero12Planner
+from sim.workload import unit_count
 
 
 def layout_of(s: Scenario) -> Layout:
@@ -19,23 +21,36 @@ def layout_of(s: Scenario) -> Layout:
     return Layout(tp=p.tp, pp=p.pp, dp=p.dp, gpus_per_node=s.gpus_per_node)
 
 
-def planner_for(s: Scenario, layout: Layout, stage: int = 0) -> Planner:
-    """The planner that replays the scenario's engine on pipeline stage `stage`."""
-    where = s.path or "scenario"
-    if s.parallel.pp > 1 and (s.schedule_mode is ScheduleMode.PAPER or s.engine is Engine.FSDP2):
-        raise InputError(where, "parallel.pp", "pipeline parallelism is simulated with DeepSpeed ZeRO-0/1 and "
-                         "DDP; with FSDP2 and the paper schedules it is not yet; allowed for `zerosim run`: pp = 1")
-    if s.parallel.tp > 1 and (s.schedule_mode is ScheduleMode.PAPER or s.engine is Engine.FSDP2):
-        raise InputError(where, "parallel.tp", "tensor parallelism is simulated with DeepSpeed and DDP; with "
-                         "FSDP2 and the paper schedules it is not yet; allowed for `zerosim run`: tp = 1")
+def planner_class(s: Scenario) -> type[Planner]:
+    """The planner that replays the scenario's engine (combinations not simulated yet were
+    refused when the scenario was loaded, sim.scenario_checks)."""
     if s.schedule_mode is ScheduleMode.PAPER:
-        return PaperPlanner(s, layout, stage)
+        return PaperPlanner
     if s.engine is Engine.FSDP2:
-        return Fsdp2Planner(s, layout, stage)
+        return Fsdp2Planner
     if s.engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY):
-        return DdpPlanner(s, layout, stage)
+        return DdpPlanner
     assert s.zero is not None
-    return Zero3Planner(s, layout, stage) if s.zero.stage == 3 else Zero12Planner(s, layout, stage)
+    return Zero3Planner if s.zero.stage == 3 else Zero12Planner
+
+
+def planner_for(s: Scenario, layout: Layout, stage: int = 0) -> Planner:
+    """The planner of pipeline stage `stage`."""
+    return planner_class(s)(s, layout, stage)
+
+
+def check_work(s: Scenario, *, steps: int, full: bool) -> None:
+    """Refuse, before planning, a scenario whose schedule or simulation would exceed the
+    engine's limits (sim.limits); `full` simulates every rank, else one per pipeline stage."""
+    per_module = planner_class(s).per_module
+    units = unit_count(s.model, per_module=per_module)
+    ranks = s.world_size // s.parallel.pp if full else 1
+    work = estimated_ops(units, per_module, s.training.grad_accum, ranks, steps)
+    problem = work.problem()
+    if problem:
+        raise InputError(s.path or "scenario", "(engine work)",
+                         f"{units:,} units x {s.training.grad_accum:,} micro-steps x {ranks:,} simulated "
+                         f"ranks per stage x {steps} steps: {problem}")
 
 
 def plan(s: Scenario) -> Schedule:
