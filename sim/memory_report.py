@@ -15,7 +15,9 @@ from sim.analytic.memory import (Convention, ModelStateBytes, ZeroStage, fragmen
                                  largest_trainable_params, model_state_bytes, zero_buffer_bytes)
 from sim.analytic.params import largest_module_params, total_params
 from sim.analytic.placement import block_params_per_rank, params_per_stage
-from sim.scenario import Engine, Scenario
+from sim.resident import Resident, resident_memory
+from sim.scenario import Scenario, ScheduleMode
+from sim.schedule import Mem
 from sim.zero_config import ZeroConfig
 
 STAGE_LABELS = {0: "DP (no ZeRO)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
@@ -36,7 +38,7 @@ class MemoryRow:
     host_bytes: float
     total_bytes: float
     fits: bool | None                  # None when no device memory is known
-    largest_model_params: float | None  # Psi whose model states fit beside the rest
+    largest_model_params: float | None  # Psi whose model states fit beside the rest; None: unbounded
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,11 @@ class MemoryReport:
     this_stage: int | None
     rows: tuple[MemoryRow, ...]
     notes: tuple[str, ...]
+    k: float = 12.0                    # optimizer bytes per parameter (paper convention)
+    resident: dict[str, float] | None = None   # the own row's resident bytes (sim.resident)
+    pipeline_stage: int = 0                    # the stage shown: the rank with the highest need
+    host_memory_bytes: float | None = None     # DRAM per node
+    gpus_per_node: int = 1
 
     @property
     def fits(self) -> bool | None:
@@ -72,7 +79,7 @@ def _limit(report: MemoryReport, stage: int) -> float | None:
     """Largest Psi as dp -> infinity (model states only); None for 'unbounded'."""
     assert report.device_memory_bytes is not None
     value = largest_trainable_params(report.device_memory_bytes, math.inf, ZeroStage(stage),
-                                     Convention(report.convention))
+                                     Convention(report.convention), k=report.k)
     return None if math.isinf(value) else value
 
 
@@ -88,12 +95,14 @@ def quick_report(n_params: float, dp: int, *, convention: Convention, device_mem
     return MemoryReport(title=f"{n_params / 1e9:g}B parameters, dp = {dp}", convention=str(convention),
                         n_params=n_params, params_per_rank=n_params, dp=dp, tp=1, pp=1,
                         device_memory_bytes=device_memory, fragmentation=0.0, this_stage=None,
-                        rows=tuple(rows), notes=notes)
+                        rows=tuple(rows), notes=notes, k=k)
 
 
 def scenario_report(s: Scenario, *, convention: Convention = Convention.ALLOCATED,
                     fragmentation: float = 0.0) -> MemoryReport:
-    """The table for a scenario: its model, layout, activations and engine buffers."""
+    """The table for a scenario: its model, layout, activations and engine buffers. In the
+    `allocated` convention the scenario's own row is what its engine holds (sim.resident,
+    the same allocations the simulator starts from) plus its largest transient buffers."""
     m, p = s.model, s.parallel
     per_stage = params_per_stage(m, p.tp, p.pp)
     own = ZeroStage(s.zero_stage)
@@ -104,48 +113,75 @@ def scenario_report(s: Scenario, *, convention: Convention = Convention.ALLOCATE
     largest = largest_module_params(m) / p.tp
     offload_opt = bool(s.zero and s.zero.offload_optimizer.enabled)
     offload_par = bool(s.zero and s.zero.offload_param.enabled)
+    resident = resident_memory(s, worst) if convention is Convention.ALLOCATED else None
     rows = []
     for stage in ZeroStage:
-        states = model_state_bytes(
-            psi_rank, p.dp, stage, convention, largest_module_params=largest,
-            offload_optimizer=offload_opt and stage >= ZeroStage.OPTIMIZER,
-            offload_params=offload_par and stage == ZeroStage.PARAMETERS)
-        if convention is Convention.ALLOCATED and stage == s.zero_stage and s.engine is not Engine.DEEPSPEED:
-            states = torch_engine_states(s, psi_rank)
-        buffers = _buffers(s, stage, psi_rank)
+        if resident is not None and stage == own:
+            states, buffers = own_row_states(s, resident, largest)
+        else:
+            states = model_state_bytes(
+                psi_rank, p.dp, stage, convention, largest_module_params=largest,
+                offload_optimizer=offload_opt and stage >= ZeroStage.OPTIMIZER,
+                offload_params=offload_par and stage == ZeroStage.PARAMETERS)
+            buffers = _deepspeed_buffers(s, stage)
         frag = fragmentation_bytes(activ + buffers, fragmentation)
-        rows.append(_row(stage, states, activ, buffers, frag, s.cluster.gpu.memory, psi_rank))
+        rows.append(_row(stage, states, activ, buffers, frag, s.cluster.gpu.memory, psi_rank,
+                         host_memory=s.cluster.host.dram, gpus_per_node=s.gpus_per_node))
     return MemoryReport(
         title=f"{s.name}: {m.name} on {s.nodes} x {s.cluster.name} ({s.world_size} GPUs), "
               f"tp {p.tp} pp {p.pp} dp {p.dp}, engine {s.engine}",
         convention=str(convention), n_params=float(total_params(m)), params_per_rank=psi_rank,
         dp=p.dp, tp=p.tp, pp=p.pp, device_memory_bytes=s.cluster.gpu.memory,
         fragmentation=fragmentation, this_stage=int(s.zero_stage), rows=tuple(rows),
-        notes=_notes(s, worst, offload_opt, offload_par))
+        notes=_notes(s, worst, offload_opt, offload_par),
+        resident=_by_category(resident) if resident is not None else None, pipeline_stage=worst,
+        host_memory_bytes=s.cluster.host.dram, gpus_per_node=s.gpus_per_node)
 
 
-def torch_engine_states(s: Scenario, psi_rank: float) -> ModelStateBytes:
-    """What the torch engines allocate (as their DES planners do): autocast keeps fp32
-    parameters, gradients and Adam m, v (16 B/param) - all replicated under DDP, Adam state
-    sharded by ZeroRedundancyOptimizer (evenly here; its greedy split is uneven, see
-    sim.strategies.ddp), everything sharded by FSDP2 (the unsharded bf16 copies of the
-    blocks in use are in the buffers column)."""
-    n = s.parallel.dp
-    if s.engine is Engine.FSDP2:
-        return ModelStateBytes(params=4 * psi_rank / n, grads=4 * psi_rank / n, optimizer=8 * psi_rank / n)
-    optimizer = 8 * psi_rank / (n if s.engine is Engine.DDP_ZERO_REDUNDANCY else 1)
-    return ModelStateBytes(params=4 * psi_rank, grads=4 * psi_rank, optimizer=optimizer)
+def own_row_states(s: Scenario, resident: Resident, largest: float) -> tuple[ModelStateBytes, float]:
+    """(model states, buffers) of the scenario's own row: the resident allocations plus the
+    largest transient ones the engine makes (the simulator allocates these as ops run):
+    DeepSpeed's fp32 gradient partition during a GPU optimizer step (a `sub_group_size`
+    tile at stage 3), ZeRO-3's gathered 16-bit parameters and gradients of the largest
+    module and its prefetched parameters, FSDP2's gathered blocks and one reduce-scatter input."""
+    params, grads = resident.device_bytes(Mem.PARAMS), resident.device_bytes(Mem.GRADS)
+    optimizer, buffers = resident.device_bytes(Mem.OPTIMIZER), resident.device_bytes(Mem.BUFFERS)
+    h = 4 if s.training.precision.value == "fp32" else 2
+    z = s.zero
+    if z is not None and s.schedule_mode is ScheduleMode.IMPLEMENTED:
+        partition = optimizer / 12.0          # fp32 master + m + v: 12 B per partitioned parameter
+        if z.stage == ZeroStage.PARAMETERS:
+            params += 4.0 * largest
+            buffers += min(z.prefetch_bucket_size, z.max_live_parameters) * h
+            partition = min(partition, z.sub_group_size)
+        optimizer += 4.0 * partition
+    if s.fsdp is not None:
+        block = block_params_per_rank(s.model, s.parallel.tp) * (4 if s.fsdp.param_dtype == "fp32" else h)
+        ahead = min(s.fsdp.forward_prefetch, s.model.layers - 1)
+        buffers += (ahead + 1) * block + block
+    return ModelStateBytes(params=params, grads=grads, optimizer=optimizer, host=resident.host_bytes), buffers
+
+
+def _by_category(r: Resident) -> dict[str, float]:
+    out = {m.value: r.device_bytes(m) for m in (Mem.PARAMS, Mem.GRADS, Mem.OPTIMIZER, Mem.BUFFERS)}
+    out["host"] = r.host_bytes
+    return out
 
 
 def _row(stage: ZeroStage, states: ModelStateBytes, activ: float, buffers: float, frag: float,
-         device_memory: float | None, psi: float) -> MemoryRow:
-    """One stage's row; the largest model scales this row's model-state bytes per parameter."""
+         device_memory: float | None, psi: float, *, host_memory: float | None = None,
+         gpus_per_node: int = 1) -> MemoryRow:
+    """One stage's row; it fits when the device total fits the GPU and the host column of
+    every GPU of a node fits its DRAM. The largest model scales this row's model-state
+    bytes per parameter."""
     total = states.total + activ + buffers + frag
     fits = None if device_memory is None else total <= device_memory
+    if fits and host_memory is not None:
+        fits = states.host * gpus_per_node <= host_memory
     largest = None
     if device_memory is not None:
         free = device_memory - activ - buffers - frag
-        largest = max(0.0, free) / (states.total / psi) if states.total > 0 else math.inf
+        largest = max(0.0, free) / (states.total / psi) if states.total > 0 else None
     return MemoryRow(stage=int(stage), label=STAGE_LABELS[int(stage)], params_bytes=states.params,
                      grads_bytes=states.grads, optimizer_bytes=states.optimizer,
                      activations_bytes=activ, buffers_bytes=buffers, fragmentation_bytes=frag,
@@ -174,15 +210,10 @@ def _activations(s: Scenario, pp_stage: int) -> float:
     return total
 
 
-def _buffers(s: Scenario, stage: ZeroStage, psi_rank: float) -> float:
-    """Communication buffers of the scenario's engine at `stage` (DeepSpeed's otherwise)."""
+def _deepspeed_buffers(s: Scenario, stage: ZeroStage) -> float:
+    """Communication buffers DeepSpeed would hold at `stage` (the rows other than the
+    scenario's own, which come from its engine)."""
     z = s.zero or ZeroConfig(stage=stage, overlap_comm=stage == ZeroStage.PARAMETERS)
-    own_row = stage == s.zero_stage
-    if own_row and s.engine is Engine.FSDP2 and s.fsdp is not None:
-        block = block_params_per_rank(s.model, s.parallel.tp) * 2
-        return (s.fsdp.forward_prefetch + 1) * block + block  # gathered blocks + one RS input
-    if own_row and s.engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY):
-        return 2.0 * psi_rank  # DDP's flat gradient buckets hold a copy of every gradient
     return zero_buffer_bytes(stage, reduce_bucket_size=z.reduce_bucket_size,
                              overlap_comm=z.overlap_comm if s.zero else stage == ZeroStage.PARAMETERS,
                              prefetch_bucket_size=z.prefetch_bucket_size,

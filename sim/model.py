@@ -172,3 +172,26 @@ def _norm(name: str, m: ModelSpec, block: int | None) -> ModuleSpec:
     if m.norm is Norm.LAYERNORM:
         tensors.append(TensorSpec(f"{name}.bias", (m.hidden,)))
     return ModuleSpec(name, "norm", block, tuple(tensors))
+
+
+@dataclass(frozen=True, slots=True)
+class BufferSpec:
+    """A module buffer (state that is not a parameter): no gradient, no optimizer state,
+    but broadcast by DDP (`broadcast_buffers`) and held on every rank."""
+
+    name: str
+    numel: int
+    element_bytes: int
+
+
+def module_buffers(m: ModelSpec) -> tuple[BufferSpec, ...]:
+    """The buffers transformers (5.x) registers, per architecture. Rotary models (llama,
+    mistral, qwen2, mixtral: models/llama/modeling_llama.py `LlamaRotaryEmbedding`) hold
+    `inv_freq` and `original_inv_freq`, head_dim / 2 fp32 values each, once per model
+    (`model.rotary_emb`); GPT-2 (learned positions) holds none. Older transformers
+    releases differ (4.x GPT-2 kept a causal-mask buffer per layer): we follow 5.x."""
+    if m.position is not Position.ROPE:
+        return ()
+    half = m.head_dim // 2
+    return (BufferSpec("model.rotary_emb.inv_freq", half, 4),
+            BufferSpec("model.rotary_emb.original_inv_freq", half, 4))

@@ -23,10 +23,16 @@ def format_run(j: dict[str, Any], question: str) -> str:
     lines.append(f"peak memory    {mem['peak_bytes'] / GB:.2f} GB of {mem['device_bytes'] / GB:.1f} GB (rank {mem['rank']}): "
                  + ", ".join(f"{k[:-6]} {mem[k] / GB:.2f}" for k in
                              ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes")))
-    if not j["fits"]:
+    if mem["host_bytes_per_node"] > 0:
+        lines.append(f"host memory    {mem['host_bytes_per_gpu'] / GB:.1f} GB per GPU, {mem['host_bytes_per_node'] / GB:.1f} GB "
+                     f"per node of {mem['host_capacity_bytes'] / GB:.1f} GB DRAM")
+    if not mem["fits_device"]:
         oom = mem["out_of_memory"]
         lines.append(f"DOES NOT FIT: at {oom['time_s']:.4f} s allocating {oom['allocating']} "
                      f"({oom['bytes'] / GB:.2f} GB) with {oom['in_use_bytes'] / GB:.2f} GB in use")
+    if not mem["fits_host"]:
+        lines.append(f"DOES NOT FIT in host memory: {mem['host_bytes_per_node'] / GB:.1f} GB per node > "
+                     f"{mem['host_capacity_bytes'] / GB:.1f} GB DRAM")
     lines.append("collectives per step (per rank): " + "; ".join(
         f"{c['op']} on {c['group']}({c['group_size']}) x{c['count']} {c['bytes_per_rank'] / GB:.3f} GB" for c in j["comm"]))
     lines += [f"note: {n}" for n in j["notes"]]

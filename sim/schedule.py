@@ -102,6 +102,7 @@ class ClassSchedule:
 
     streams: dict[Stream, list[Op]] = field(default_factory=dict)
     resident: list[Alloc] = field(default_factory=list)  # allocated before the step starts
+    host: list[Alloc] = field(default_factory=list)      # held in host memory, per rank
 
     def ops(self) -> Iterator[Op]:
         for stream in Stream:

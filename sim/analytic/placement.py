@@ -9,6 +9,8 @@ copy of the embedding on the last stage when pp > 1); each stage holds L/pp bloc
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from sim.analytic.params import embedding_params, layer_params, norm_params
 from sim.model import ModelSpec, Position, module_tree
 
@@ -47,3 +49,39 @@ def rank_tensors(m: ModelSpec, tp: int, pp: int, stage: int) -> list[tuple[int, 
                 numel = t.numel if mod.kind == "norm" or tp == 1 else -(-t.numel // tp)
                 out.append((numel, mod.block is not None))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class TensorGroup:
+    """`count` identical parameter tensors of one pipeline stage (one per block it holds)."""
+
+    numel: int                  # elements on one TP rank
+    shape: tuple[int, ...]      # the unsplit tensor's shape
+    count: int
+    in_block: bool
+
+
+def stage_census(m: ModelSpec, tp: int, pp: int, stage: int) -> list[TensorGroup]:
+    """The tensors pipeline stage `stage` holds, in forward order, without a loop over the
+    layers: one block's tensors, each counted once per block on the stage (every block is
+    the same), with the embedding before them on the first stage and the final norm and head
+    after them on the last. Split as `rank_tensors` splits them."""
+    per = m.layers // pp
+    before: list[TensorGroup] = []
+    block: list[TensorGroup] = []
+    after: list[TensorGroup] = []
+    for mod in module_tree(replace(m, layers=1)):
+        for t in mod.tensors:
+            numel = t.numel if mod.kind == "norm" or tp == 1 else -(-t.numel // tp)
+            if mod.block is not None:
+                block.append(TensorGroup(numel, t.shape, per, True))
+            elif mod.kind == "embedding":
+                if stage == 0:
+                    before.append(TensorGroup(numel, t.shape, 1, False))
+            elif stage == pp - 1:
+                after.append(TensorGroup(numel, t.shape, 1, False))
+    return before + block + after
+
+
+def census_numel(groups: list[TensorGroup]) -> int:
+    return sum(g.numel * g.count for g in groups)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sim.analytic import activations as act
 from sim.layout import Axis, Layout
+from sim.resident import resident_memory
 from sim.scenario import Scenario
 from sim.schedule import Alloc, Builder, Coll, Kind, Mem, Phase, Schedule, Stream
 from sim.units import BYTES_PER_ELEMENT
@@ -251,7 +252,12 @@ class Planner:
 
     # -- hooks -----------------------------------------------------------------------------
     def resident(self) -> None:
-        """Allocations that exist before the step: the model states."""
+        """Allocations that exist before the step: the model states, from the one source
+        that `zerosim memory` also reads (sim.resident)."""
+        r = resident_memory(self.s, self.stage_index)
+        for a in r.device:
+            self.b.resident(a.category, a.label, a.nbytes)
+        self.b.cls.host.extend(r.host)
 
     def before_use(self, use: Use) -> list[int | None]:
         return []

@@ -12,7 +12,7 @@ from its owner; the step waits for the most loaded rank.
 
 from __future__ import annotations
 
-from sim.schedule import Coll, Mem, Phase, Stream
+from sim.schedule import Coll, Phase, Stream
 from sim.scenario import Engine
 from sim.strategies.buckets import DdpBucket
 from sim.strategies.common import Planner, Use
@@ -43,12 +43,6 @@ class DdpPlanner(Planner):
         self.reductions: list[int] = []
         self.tensors = [t for g in self.granules for t in g.tensors]
         self.owned = greedy_partition(self.tensors, self.dp) if self.zero1 else []
-
-    def resident(self) -> None:
-        self.b.resident(Mem.PARAMS, "fp32 parameters", 4.0 * self.psi)
-        self.b.resident(Mem.GRADS, "fp32 gradients", 4.0 * self.psi)
-        self.b.resident(Mem.BUFFERS, "DDP gradient buckets", 4.0 * self.psi)
-        self.b.resident(Mem.OPTIMIZER, "Adam m and v", 8.0 * self.optimizer_params())
 
     def optimizer_params(self) -> float:
         if not self.zero1:

@@ -15,7 +15,6 @@ Gradient sync happens every micro-step (the default). Adam runs on the fp32 shar
 from __future__ import annotations
 
 from sim.analytic.comm import dim0_padded
-from sim.errors import InputError
 from sim.model import module_tree
 from sim.schedule import Alloc, Coll, Kind, Mem, Phase, Stream
 from sim.strategies.common import Planner, Use
@@ -30,13 +29,6 @@ class Fsdp2Planner(Planner):
         super().__init__(*args, **kw)  # type: ignore[arg-type]
         f = self.s.fsdp
         assert f is not None
-        where = self.s.path or "scenario"
-        if not isinstance(f.reshard_after_forward, bool):
-            raise InputError(where, "fsdp.reshard_after_forward", "an int reshard group is not simulated "
-                             "yet; allowed for `zerosim run`: true, false")
-        if f.replicate_degree > 1:
-            raise InputError(where, "fsdp.replicate_degree", "HSDP is not simulated yet; allowed for "
-                             "`zerosim run`: 1")
         self.f = f
         self.p_bytes = self.elem(f.param_dtype or self.half)
         self.r_bytes = self.elem(f.reduce_dtype or f.param_dtype or self.half)
@@ -55,14 +47,6 @@ class Fsdp2Planner(Planner):
             unit = -1 if mod.block is None else mod.block
             out[unit] = out.get(unit, 0) + sum(dim0_padded(t.shape, self.dp) for t in mod.tensors)
         return out
-
-    def resident(self) -> None:
-        shard = self.total_padded / self.dp
-        self.b.resident(Mem.PARAMS, "fp32 parameter shards", 4.0 * shard)
-        if self.f.cpu_offload:
-            return
-        self.b.resident(Mem.GRADS, "fp32 gradient shards", 4.0 * shard)
-        self.b.resident(Mem.OPTIMIZER, "Adam m and v", 8.0 * shard)
 
     def unit_of(self, use: Use) -> int:
         block = self.granules[use.index].block
@@ -84,9 +68,8 @@ class Fsdp2Planner(Planner):
             return [self.ag[(ms, -1, "F")]]
         fresh = (ms, unit, "B") not in self.ag
         ag = self._gather(ms, unit, "B")
-        for ahead in range(1, self.f.backward_prefetch + 1):   # explicit backward prefetch
-            if unit - ahead >= 0:
-                self._gather(ms, unit - ahead, "B")
+        for ahead in range(1, min(self.f.backward_prefetch, unit) + 1):   # explicit backward prefetch
+            self._gather(ms, unit - ahead, "B")
         return self._copy_out(use, ag) if fresh or self.resharded(unit) else [ag]
 
     def _copy_out(self, use: Use, ag: int | None) -> list[int | None]:

@@ -42,12 +42,6 @@ class PaperPlanner(Planner):
             return []
         return list(range(int(a // self.seg), int(min(self.dp - 1, (b - 1) // self.seg)) + 1))
 
-    def resident(self) -> None:
-        n = {s: self.dp if self.stage >= s else 1 for s in ZeroStage}
-        self.b.resident(Mem.PARAMS, "16-bit parameters", self.h * self.psi / n[ZeroStage.PARAMETERS])
-        self.b.resident(Mem.GRADS, "16-bit gradients", self.h * self.psi / n[ZeroStage.GRADIENTS])
-        self.b.resident(Mem.OPTIMIZER, "fp32 parameters, Adam m and v", 12.0 * self.psi / n[ZeroStage.OPTIMIZER])
-
     # -- ZeRO-3 broadcasts --------------------------------------------------------------------
     def before_use(self, use: Use) -> list[int | None]:
         if self.stage < ZeroStage.PARAMETERS:

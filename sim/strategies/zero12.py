@@ -48,20 +48,6 @@ class Zero12Planner(Planner):
     def name_of_stage(self) -> str:
         return f"ZeRO-{int(self.stage)}" if self.stage else "DeepSpeed (no ZeRO)"
 
-    def resident(self) -> None:
-        n = self.dp if self.stage >= ZeroStage.OPTIMIZER else 1
-        h = self.elem(self.half)
-        self.b.resident(Mem.PARAMS, "16-bit parameters", h * self.psi)
-        grads_shard = self.dp if self.stage >= ZeroStage.GRADIENTS else 1
-        if not (self.offload and self.stage >= ZeroStage.GRADIENTS):
-            self.b.resident(Mem.GRADS, "16-bit gradients", h * self.padded / grads_shard)
-        if not self.offload:
-            self.b.resident(Mem.OPTIMIZER, "fp32 master parameters", 4.0 * self.padded / n)
-            self.b.resident(Mem.OPTIMIZER, "Adam m and v", 8.0 * self.padded / n)
-        if self.stage > 0:
-            buffers = 2 if self.z.overlap_comm else 1
-            self.b.resident(Mem.BUFFERS, "IPG bucket", buffers * h * self.z.reduce_bucket_size)
-
     # -- gradient reduction ----------------------------------------------------------------
     def reduces_now(self, ms: int) -> bool:
         return self.stage == ZeroStage.GRADIENTS or ms == self.boundary

@@ -72,18 +72,6 @@ class Zero3Planner(Planner):
                     total += n
         return out
 
-    def resident(self) -> None:
-        shard = self.padded_total / self.dp
-        opt, par = self.z.offload_optimizer.enabled, self.z.offload_param.enabled
-        if not par:
-            self.b.resident(Mem.PARAMS, "16-bit parameter partition", self.h * shard)
-        self.b.resident(Mem.PARAMS, "persistent parameters", self.h * self.persistent_numel)
-        if not opt:
-            self.b.resident(Mem.GRADS, "16-bit gradient partition", self.h * shard)
-            self.b.resident(Mem.OPTIMIZER, "fp32 master parameters", 4.0 * shard)
-            self.b.resident(Mem.OPTIMIZER, "Adam m and v", 8.0 * shard)
-        self.b.resident(Mem.BUFFERS, "IPG bucket", self.h * self.z.reduce_bucket_size)
-
     # -- fetching ---------------------------------------------------------------------------
     def build(self) -> Schedule:
         self.resident()
