@@ -18,6 +18,7 @@ from sim.analytic.placement import rank_tensors
 from sim.analytic.volumes import (add, ddp_engine_volume, deepspeed_volume,
                                   fsdp2_volume, paper_volume, pipeline_volume, tensor_parallel_volume)
 from sim.engine import local_time
+from sim.model import module_buffers
 from sim.scenario import Engine, Scenario, ScheduleMode
 from sim.schedule import Kind, Op
 from sim.units import BYTES_PER_ELEMENT
@@ -51,7 +52,10 @@ def data_parallel_volume(s: Scenario) -> dict[str, float]:
         return fsdp2_volume(m, dp, grad_accum=t.grad_accum, param_bytes=p, reduce_bytes=r,
                             reshard_after_forward=bool(f.reshard_after_forward), clipping=clipping)
     if s.engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY):
-        return ddp_engine_volume(psi, dp, zero_redundancy=s.engine is Engine.DDP_ZERO_REDUNDANCY, clipping=clipping)
+        assert s.ddp is not None
+        buffers = sum(b.numel * b.element_bytes for b in module_buffers(m)) if s.ddp.broadcast_buffers else 0.0
+        return ddp_engine_volume(psi, dp, zero_redundancy=s.engine is Engine.DDP_ZERO_REDUNDANCY, clipping=clipping,
+                                 buffer_bytes=buffers)
     z = s.zero
     assert z is not None
     return deepspeed_volume(tensors, dp, int(z.stage), grad_accum=t.grad_accum, elem=half, clipping=clipping,

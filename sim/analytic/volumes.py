@@ -57,12 +57,16 @@ def deepspeed_volume(tensors: list[tuple[int, bool]], dp: int, stage: int, *, gr
     return {k: v for k, v in out.items() if v}
 
 
-def ddp_engine_volume(psi: int, dp: int, *, zero_redundancy: bool, clipping: bool) -> dict[str, float]:
+def ddp_engine_volume(psi: int, dp: int, *, zero_redundancy: bool, clipping: bool,
+                      buffer_bytes: float = 0.0) -> dict[str, float]:
     """torch DDP: fp32 gradients all-reduced once per step; ZeroRedundancyOptimizer adds a
-    broadcast of every fp32 parameter from its owner."""
+    broadcast of every fp32 parameter from its owner; `broadcast_buffers` one broadcast of
+    the module buffers per step (the first micro-step's forward)."""
     out = {"all_reduce": ddp_volume(psi, dp, bytes_per_element=4).all_reduce + (_ar(4.0, dp) if clipping else 0.0)}
-    if zero_redundancy:
-        out["broadcast"] = _once(4.0 * psi, dp)
+    broadcast = _once(4.0 * psi, dp) if zero_redundancy else 0.0
+    broadcast += _once(buffer_bytes, dp)
+    if broadcast:
+        out["broadcast"] = broadcast
     return out
 
 

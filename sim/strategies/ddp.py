@@ -12,6 +12,7 @@ from its owner; the step waits for the most loaded rank.
 
 from __future__ import annotations
 
+from sim.model import module_buffers
 from sim.schedule import Coll, Phase, Stream
 from sim.scenario import Engine
 from sim.strategies.buckets import DdpBucket
@@ -40,6 +41,7 @@ class DdpPlanner(Planner):
         self.zero1 = self.s.engine is Engine.DDP_ZERO_REDUNDANCY
         assert self.s.ddp is not None
         self.bucket = DdpBucket(self.s.ddp.bucket_cap, self.grad_bytes)
+        self.broadcast = self.s.ddp.broadcast_buffers
         self.reductions: list[int] = []
         self.tensors = [t for g in self.granules for t in g.tensors]
         self.owned = greedy_partition(self.tensors, self.dp) if self.zero1 else []
@@ -48,6 +50,17 @@ class DdpPlanner(Planner):
         if not self.zero1:
             return float(self.psi)
         return float(max(sum(self.tensors[i] for i in own) for own in self.owned))
+
+    def before_use(self, use: Use) -> list[int | None]:
+        """`broadcast_buffers`: DDP's pre-forward broadcasts rank 0's module buffers, coalesced
+        (`_broadcast_coalesced`, 250 MiB buckets), when the previous forward ran with gradient
+        sync (`require_forward_param_sync`, initially true): under `no_sync` accumulation that
+        is the first micro-step of every optimizer step."""
+        buffers = sum(b.numel * b.element_bytes for b in module_buffers(self.m))
+        if use.what != "F" or use.index != 0 or use.micro_step != 0 or not self.broadcast or not buffers:
+            return []
+        return [self.collective(Stream.COMPUTE, Coll.BROADCAST, buffers, "DDP buffer broadcast", Phase.FWD,
+                                0, purpose="buffers")]
 
     def after_use(self, use: Use, op: int) -> None:
         if use.what != "B" or use.micro_step != self.boundary:

@@ -3,7 +3,9 @@
 
 Parameters are sharded on dim 0 (padded to a multiple of dp rows) and kept in their
 original dtype (fp32); the all-gather and the unsharded copy use `param_dtype`. The root
-group (embedding, final norm, head) is not resharded after forward. Forward: block i's
+group (embedding, final norm, head) is not resharded after forward unless `reshard_root`
+is true (`fully_shard(root, reshard_after_forward=True)`): then it is freed after the head's
+forward and gathered again when backward begins. Forward: block i's
 all-gather runs on the all-gather stream and may start once block i - prefetch - 1 has
 been resharded (implicit CPU run-ahead: two all-gather buffers alive at depth 1).
 Backward: each block gathers itself (when resharded) and `backward_prefetch` blocks
@@ -53,7 +55,11 @@ class Fsdp2Planner(Planner):
         return -1 if block is None else block
 
     def resharded(self, unit: int) -> bool:
-        return unit != -1 and bool(self.f.reshard_after_forward)
+        """Blocks follow `reshard_after_forward`; the root follows `reshard_root` (torch's
+        default None keeps it unsharded after forward)."""
+        if unit == -1:
+            return bool(self.f.reshard_root)
+        return bool(self.f.reshard_after_forward)
 
     # -- all-gathers ------------------------------------------------------------------------
     def before_use(self, use: Use) -> list[int | None]:
@@ -64,8 +70,11 @@ class Fsdp2Planner(Planner):
             return self._copy_out(use, self._gather(ms, unit, "F"))
         if use.what == "R":
             return self._copy_out(use, self._gather(ms, unit, "B")) if unit != -1 else []
-        if unit == -1:
+        if unit == -1 and not self.resharded(-1):
             return [self.ag[(ms, -1, "F")]]
+        if unit == -1:       # the resharded root is gathered again as backward begins (the head)
+            fresh = (ms, -1, "B") not in self.ag
+            return self._copy_out(use, self._gather(ms, -1, "B")) if fresh else [self.ag[(ms, -1, "B")]]
         fresh = (ms, unit, "B") not in self.ag
         ag = self._gather(ms, unit, "B")
         for ahead in range(1, min(self.f.backward_prefetch, unit) + 1):   # explicit backward prefetch
@@ -91,8 +100,10 @@ class Fsdp2Planner(Planner):
             return self.ag.get((ms, unit, "F"))
         if phase == "F":   # buffer of block unit - prefetch - 1 must be resharded first
             gate = self.fwd_done.get(unit - self.f.forward_prefetch - 1)
-        else:
+        elif unit != -1:   # the root's backward gather opens backward: nothing to wait for
             gate = self.bwd_done.get(unit + self.f.backward_prefetch + 1)
+        else:
+            gate = None
         nbytes = self.p_bytes * self.padded[unit]
         deps: list[int | None] = [gate]
         if self.f.cpu_offload:
@@ -112,6 +123,8 @@ class Fsdp2Planner(Planner):
             self.fwd_done[unit] = op
             if self.resharded(unit):
                 self._free(op, unit)
+        if use.what == "F" and unit == -1 and use.index > 0 and self.resharded(-1):
+            self._free(op, -1)   # the root's post-forward reshard, after the head
         if use.what != "B" or (unit == -1 and use.index != 0):
             return
         self.bwd_done[unit] = op
