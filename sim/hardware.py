@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sim import limits as L
 from sim.catalog import resolve
 from sim.errors import InputError
 from sim.reading import read_toml
@@ -31,7 +32,7 @@ GPU_KEYS = (
 CLUSTER_KEYS = (
     Key("name", str),
     Key("gpu", object),  # catalog name, path, or inline table; checked in load_cluster_table
-    Key("gpus_per_node", int, positive=True),
+    Key("gpus_per_node", int, positive=True, maximum=L.MAX_GPUS_PER_NODE),
     Key("intra_node", dict),
     Key("inter_node", dict),
     Key("host", dict),
@@ -136,6 +137,6 @@ def _all_cluster_keys() -> set[str]:
 def _check_uncertain(listed: list[Any], known: set[str], source: str | Path, prefix: str) -> None:
     """`uncertain` lists keys whose values are estimates; each must be a real key."""
     for item in listed:
-        if item not in known:
+        if not isinstance(item, str) or item not in known:
             raise InputError(source, prefix + "uncertain",
                              f"{item!r} is not a key of this file; allowed: {', '.join(sorted(known))}")
