@@ -9,6 +9,8 @@ for command-line arguments).
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from sim.errors import InputError
@@ -40,8 +42,15 @@ def resolve(ref: str, kind: str, base_dir: Path, source: str | Path, key: str) -
     """Turn a catalog name or a path into an existing file, or raise InputError."""
     if looks_like_path(ref):
         path = (base_dir / ref) if not Path(ref).is_absolute() else Path(ref)
-        if not path.is_file():
-            raise InputError(source, key, f"file {ref!r} not found (relative to {base_dir})")
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            raise InputError(source, key, f"file {ref!r} not found (relative to {base_dir})") from None
+        except OSError as e:
+            raise InputError(source, key, f"file {ref!r} cannot be opened ({e.strerror or e})") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(source, key, f"{ref!r} is not a regular file (a folder, FIFO or device); "
+                             "allowed: a file")
         return path
     root = catalog_dir(kind)
     for candidate in (root / f"{ref}.toml", root / "hf" / f"{ref}.json"):
