@@ -16,6 +16,8 @@ uses nccl-tests).
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.util
+import math
 import platform
 import statistics
 import time
@@ -93,14 +95,25 @@ def measure_compute(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any
     return {"gemm_flops": gemm_rate, "memory_bandwidth": memory, "kernel_overhead": overhead}
 
 
-def fit_alpha_beta(samples: list[tuple[int, int, float]], op: str) -> tuple[float, float]:
+def fit_alpha_beta(samples: list[tuple[int, int, float]], op: str,
+                   max_busbw: float = math.inf) -> tuple[float, float]:
     """Least squares of t = alpha steps(op, n) + S factor(op, n) / busbw over (n, S, t);
-    returns (alpha per step in s, bus bandwidth in bytes/s)."""
+    returns (alpha per step in s, bus bandwidth in bytes/s), both constrained: alpha >= 0
+    and busbw <= `max_busbw`. When the sizes are too small for the bandwidth to show, the
+    free fit's 1/busbw comes out near zero or negative; then busbw is `max_busbw` (calibrate
+    passes the measured memory bandwidth: a shared-memory collective cannot move data
+    faster than memory does) and alpha is refitted alone."""
     coll = Coll(op)
-    a = np.array([[ring_steps(coll, n), size * bus_factor(coll, n)] for n, size, _ in samples])
+    steps = np.array([ring_steps(coll, n) for n, _, _ in samples], dtype=float)
+    moved = np.array([size * bus_factor(coll, n) for n, size, _ in samples], dtype=float)
     t = np.array([s for _, _, s in samples])
-    (alpha, inv_bw), *_ = np.linalg.lstsq(a, t, rcond=None)
-    return max(float(alpha), 0.0), 1.0 / max(float(inv_bw), 1e-30)
+    (alpha, inv_bw), *_ = np.linalg.lstsq(np.column_stack([steps, moved]), t, rcond=None)
+    if alpha < 0:    # all the time in the bytes
+        alpha, inv_bw = 0.0, float(moved @ t / (moved @ moved))
+    if inv_bw <= 0 or inv_bw * max_busbw < 1.0:   # faster than allowed (or negative): the bound
+        inv_bw = max(1.0 / max_busbw, 1e-30)
+        alpha = max(float(steps @ (t - moved * inv_bw) / (steps @ steps)), 0.0)
+    return float(alpha), 1.0 / float(inv_bw)
 
 
 def write_profile(out_dir: Path, fits: dict[str, tuple[float, float]], compute: dict[str, float],
@@ -165,8 +178,8 @@ def calibrate(out_dir: Path, *, worlds: tuple[int, ...] = (2, 4), sizes: tuple[i
         samples: dict[str, list[tuple[int, int, float]]] = {op: [] for op in OPS}
         for (op, size), t in times.items():
             samples[op].append((world, size, t))
-        fits = {op: fit_alpha_beta(s, op) for op, s in samples.items()}
         compute = spawn(world, "measure_compute", {"gemm_shapes": gemm_shapes(model, tokens)})[0]
+        fits = {op: fit_alpha_beta(s, op, max_busbw=compute["memory_bandwidth"]) for op, s in samples.items()}
         out[world] = {"path": write_profile(out_dir, fits, compute, world), "samples": samples,
                       "fits": fits, "compute": compute}
     return out
@@ -187,10 +200,17 @@ def _synced(fn: Any, device: str, reps: int = 10) -> float:
     return statistics.median(times)
 
 
-def measure_device(device: str, shapes: list[tuple[int, int, int]], peak_flops: float | None) -> dict[str, Any]:
+def measure_device(device: str, shapes: list[tuple[int, int, int]], peak_flops: float | None, *,
+                   adam_params: int = 2**24, deepspeed_adam: bool = True) -> dict[str, Any]:
     """One process on one device: GEMM throughput (and efficiency against `peak_flops`) by
     shape, host-device copy bandwidth pinned and pageable (CUDA only), and CPU Adam
-    throughput (torch's, and DeepSpeedCPUAdam's when deepspeed is installed)."""
+    throughput on `adam_params` fp32 parameters (torch's, and with `deepspeed_adam`
+    DeepSpeedCPUAdam's when deepspeed is installed).
+
+    DeepSpeedCPUAdam is a C++ op that DeepSpeed builds just in time on first use: about a
+    minute on 2 cores the first time (then ~3 s to load); the rest takes about a second on
+    the default sizes. A stale build lock (sim.validate.build_locks) would hang that build,
+    so it is refused first."""
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     gemm = []
     for tokens, inp, out in shapes:
@@ -208,15 +228,21 @@ def measure_device(device: str, shapes: list[tuple[int, int, int]], peak_flops: 
             name = "pinned" if pinned else "pageable"
             copies[f"h2d_{name}"] = 4 * n / _synced(lambda: gpu.copy_(host, non_blocking=pinned), device)
             copies[f"d2h_{name}"] = 4 * n / _synced(lambda: host.copy_(gpu, non_blocking=pinned), device)
-    adam = {}
-    params = torch.nn.Parameter(torch.randn(2**24))
-    params.grad = torch.randn(2**24)
+    adam: dict[str, Any] = {}
+    params = torch.nn.Parameter(torch.randn(adam_params))
+    params.grad = torch.randn(adam_params)
     torch_adam = torch.optim.Adam([params], lr=1e-3)
-    adam["torch_adam_params_per_s"] = 2**24 / _synced(torch_adam.step, "cpu", 5)
+    adam["torch_adam_params_per_s"] = adam_params / _synced(torch_adam.step, "cpu", 5)
+    if not deepspeed_adam:
+        adam["deepspeed_cpu_adam"] = "not measured: not asked for"
+        return {"device": device, "gemm": gemm, "copies": copies, "adam": adam}
+    if importlib.util.find_spec("deepspeed") is not None:
+        from sim.validate.build_locks import check_build_locks
+        check_build_locks()
     try:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
         ds_adam = DeepSpeedCPUAdam([params], lr=1e-3)
-        adam["deepspeed_cpu_adam_params_per_s"] = 2**24 / _synced(ds_adam.step, "cpu", 5)
+        adam["deepspeed_cpu_adam_params_per_s"] = adam_params / _synced(ds_adam.step, "cpu", 5)
     except Exception as error:  # not installed, or its C++ extension cannot build here
         adam["deepspeed_cpu_adam"] = f"not measured: {type(error).__name__}"
     return {"device": device, "gemm": gemm, "copies": copies, "adam": adam}

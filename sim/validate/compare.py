@@ -20,9 +20,11 @@ PHASES = {Phase.FWD: "forward", Phase.BWD: "backward", Phase.STEP: "optimizer"}
 
 def validation_scenario(strategy: str, model: dict[str, Any], world: int, *, seq_len: int,
                         micro_batch: int, grad_accum: int, cluster: str = "local-cpu",
-                        zero: dict[str, Any] | None = None) -> Scenario:
+                        zero: dict[str, Any] | None = None, reshard_root: bool | None = None,
+                        broadcast_buffers: bool = True) -> Scenario:
     """The scenario a validation run corresponds to (fp32, no clipping, local-cpu or a
-    calibrated profile of this machine)."""
+    calibrated profile of this machine); `reshard_root` and `broadcast_buffers` as the
+    run's FSDP2 root and DDP were configured."""
     engine = "fsdp2" if strategy.startswith("fsdp2") else "deepspeed" if strategy.startswith("deepspeed") else strategy
     table: dict[str, Any] = {
         "model": model, "cluster": cluster, "nodes": 1, "gpus_per_node": world, "engine": engine,
@@ -30,6 +32,10 @@ def validation_scenario(strategy: str, model: dict[str, Any], world: int, *, seq
                      "precision": "fp32", "gradient_clipping": 0.0}}
     if engine == "fsdp2":
         table["fsdp"] = {"reshard_after_forward": strategy != "fsdp2-no-reshard"}
+        if reshard_root is not None:
+            table["fsdp"]["reshard_root"] = reshard_root
+    if engine in ("ddp", "ddp-zero-redundancy"):
+        table["ddp"] = {"broadcast_buffers": broadcast_buffers}
     if engine == "deepspeed":
         table["zero"] = {"stage": int(strategy[-1]), **(zero or {})}   # deepspeed-zeroN: code defaults
     return scenario_from_table(table, Path("sim/validate/compare.py"), f"validate-{strategy}-{world}")

@@ -1,5 +1,6 @@
 """Small torch models for the validation runs, built to match sim.model.module_tree
-(same module names, order and shapes), so the planner plans exactly what torch runs."""
+(same module names, order and shapes), so the planner plans exactly what torch runs; and
+the same sizes as Hugging Face's own LlamaForCausalLM (transformers imported lazily)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,30 @@ class RMSNorm(nn.Module):
         return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
 
 
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding with the buffers of transformers' LlamaRotaryEmbedding
+    (models/llama/modeling_llama.py, default rope, theta 10000): `inv_freq` and
+    `original_inv_freq`, head_dim / 2 values each, not persistent (sim.model.module_buffers;
+    DDP broadcasts them before a forward)."""
+
+    def __init__(self, head_dim: int, theta: float = 10000.0) -> None:
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
+
+    def forward(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = torch.outer(torch.arange(seq_len, dtype=self.inv_freq.dtype), self.inv_freq)
+        emb = torch.cat((angles, angles), dim=-1)
+        return emb.cos(), emb.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb: x cos + rotate_half(x) sin."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
 class Attention(nn.Module):
     def __init__(self, m: ModelSpec) -> None:
         super().__init__()
@@ -27,11 +52,11 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(m.hidden, m.kv_dim, bias=False)
         self.o_proj = nn.Linear(m.q_dim, m.hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         m = self.m
-        q = self.q_proj(x).view(b, s, m.heads, m.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, m.kv_heads, m.head_dim).transpose(1, 2)
+        q = _rotate(self.q_proj(x).view(b, s, m.heads, m.head_dim).transpose(1, 2), cos, sin)
+        k = _rotate(self.k_proj(x).view(b, s, m.kv_heads, m.head_dim).transpose(1, 2), cos, sin)
         v = self.v_proj(x).view(b, s, m.kv_heads, m.head_dim).transpose(1, 2)
         rep = m.heads // m.kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -58,8 +83,8 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(m.hidden)
         self.mlp = Mlp(m)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -69,10 +94,12 @@ class Decoder(nn.Module):
         self.embed_tokens = nn.Embedding(m.vocab, m.hidden)
         self.layers = nn.ModuleList(Block(m) for _ in range(m.layers))
         self.norm = RMSNorm(m.hidden)
+        self.rotary_emb = RotaryEmbedding(m.head_dim)
 
 
 class LlamaLike(nn.Module):
-    """Parameter names and order as HF LlamaForCausalLM (and module_tree)."""
+    """Parameter names as HF LlamaForCausalLM, in module_tree's order (HF registers a
+    block's norms after its attention and MLP); buffers as HF's (rotary)."""
 
     def __init__(self, m: ModelSpec) -> None:
         super().__init__()
@@ -83,9 +110,30 @@ class LlamaLike(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.model.embed_tokens(tokens)
+        cos, sin = self.model.rotary_emb(tokens.shape[1])
         for block in self.model.layers:
-            x = block(x)
+            x = block(x, cos, sin)
         return self.lm_head(self.model.norm(x))
+
+
+def hf_llama(m: ModelSpec, seq_len: int) -> nn.Module:
+    """transformers.LlamaForCausalLM with the sizes of `m`: untied, bias-free, fp32, SDPA
+    attention, no KV cache; built offline from a LlamaConfig (no download), its weights
+    drawn from torch's global generator (seed it first for identical ranks). Differences
+    from LlamaLike that the recorded runs show: parameter order within a block (HF registers
+    self_attn, mlp, then the two norms) and two rotary buffers, `model.rotary_emb.inv_freq`
+    and `original_inv_freq` (non-persistent, but DDP broadcasts them)."""
+    if m.family is not Family.LLAMA or m.bias.value != "none" or m.tied_embeddings:
+        raise ValueError("validation models are untied, bias-free llama-family models")
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=m.vocab, hidden_size=m.hidden, intermediate_size=m.ffn_hidden, num_hidden_layers=m.layers,
+        num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
+        max_position_embeddings=max(2048, seq_len), rms_norm_eps=1e-6, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False, use_cache=False,
+        attn_implementation="sdpa")   # type: ignore[call-arg]  # a PretrainedConfig keyword
+    return transformers.LlamaForCausalLM(config).float()
 
 
 def lecture_mlp() -> nn.Sequential:

@@ -35,6 +35,7 @@ def test_a_short_calibration_writes_a_profile_the_simulator_uses(tmp_path):
 
 def test_device_measurement_on_cpu():
     from sim.validate.calibrate import measure_device
-    r = measure_device("cpu", [(64, 64, 64)], peak_flops=1e12)
+    # without DeepSpeedCPUAdam (its first use builds a C++ op: about a minute on 2 cores)
+    r = measure_device("cpu", [(64, 64, 64)], peak_flops=1e12, adam_params=2**18, deepspeed_adam=False)
     assert r["gemm"][0]["flops"] > 0 and 0 < r["gemm"][0]["efficiency"] < 1
     assert r["copies"] == {} and r["adam"]["torch_adam_params_per_s"] > 0

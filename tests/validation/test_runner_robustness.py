@@ -1,0 +1,158 @@
+"""The validation runner fails fast and clearly: options checked before any run, a deadline
+on every torch run (never retried), stale DeepSpeed build locks refused, output in a log.
+
+Only two tests start torch processes (about 3 s each on 2 cores); the rest run none.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+
+import pytest
+
+from sim.cli import main
+from sim.errors import InputError
+from sim.validate import build_locks
+from sim.validate.build_locks import check_build_locks, stale_build_locks
+from sim.validate.torch_runs import RunTimeout, _timeout_message, spawn
+
+
+def _error_line(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize(("argv", "flag", "words"), [
+    (["calibrate", "--worlds", "2", "9"], "--worlds", "got 9; allowed: 2 to 8 processes (gloo"),
+    (["calibrate", "--worlds", "1"], "--worlds", "got 1"),
+    (["calibrate", "--max-size-MiB", "0"], "--max-size-MiB", "got 0"),
+    (["calibrate", "--max-size-MiB", "nan"], "--max-size-MiB", "got nan"),
+    (["calibrate", "--max-size-MiB", "2048"], "--max-size-MiB", "to 1024"),
+    (["calibrate", "--device", "tpu"], "--device", "allowed: cpu, cuda, cuda:N"),
+    (["calibrate", "--device", "cuda:-1"], "--device", "allowed: cpu, cuda, cuda:N"),
+    (["calibrate", "--peak-TFLOPS", "100"], "--peak-TFLOPS", "only with --device"),
+    (["calibrate", "--device", "cpu", "--peak-TFLOPS", "inf"], "--peak-TFLOPS", "finite number > 0"),
+    (["calibrate", "--device", "cpu", "--peak-TFLOPS", "-1"], "--peak-TFLOPS", "got -1"),
+    (["calibrate", "--timeout", "0"], "--timeout", "finite number > 0"),
+    (["validate", "--worlds", "16"], "--worlds", "got 16; allowed: 2 to 8"),
+    (["validate", "--timeout", "-5"], "--timeout", "got -5"),
+    (["validate", "--log", "x.log", "--verbose"], "--log", "not with --verbose"),
+])
+def test_bad_options_are_refused_before_any_run(capsys, argv, flag, words):
+    start = time.perf_counter()
+    err = _error_line(capsys, argv)
+    assert f"command line: {flag}: " in err and words in err
+    assert time.perf_counter() - start < 5   # no torch run started
+
+
+def test_cuda_refused_where_torch_has_no_cuda(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    err = _error_line(capsys, ["calibrate", "--device", "cuda"])
+    assert "--device: got 'cuda', but torch sees no CUDA device here" in err
+
+
+def test_out_and_log_must_be_usable_folders(capsys, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert "a-file is a file" in _error_line(capsys, ["calibrate", "--out", str(a_file)])
+    assert "cannot create" in _error_line(capsys, ["calibrate", "--out", str(a_file / "sub")])
+    assert "a folder; allowed: a file path" in _error_line(capsys, ["validate", "--log", str(tmp_path)])
+    assert "--log: cannot create" in _error_line(capsys, ["validate", "--log", str(a_file / "x.log")])
+
+
+def test_profile_dir_checked_before_the_runs(capsys, tmp_path):
+    err = _error_line(capsys, ["validate", "--profile-dir", str(tmp_path / "missing")])
+    assert "--profile-dir" in err and "is not a folder" in err
+    err = _error_line(capsys, ["validate", "--worlds", "2", "--profile-dir", str(tmp_path)])
+    assert "no profile for 2 processes (local-cpu-calibrated-w2.toml" in err and "zerosim calibrate" in err
+    (tmp_path / "local-cpu-calibrated-w2.toml").write_text('name = "x"\ngpu = "missing-gpu.toml"\n')
+    err = _error_line(capsys, ["validate", "--worlds", "2", "--profile-dir", str(tmp_path)])
+    assert "local-cpu-calibrated-w2.toml" in err   # the profile's own problem, named by file
+
+
+@pytest.fixture
+def extensions(tmp_path, monkeypatch):
+    """A TORCH_EXTENSIONS_DIR of our own, with one op build folder."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    (tmp_path / "cpu_adam").mkdir()
+    return tmp_path
+
+
+def test_a_stale_build_lock_is_refused_naming_the_file(extensions, capsys):
+    lock = extensions / "cpu_adam" / "lock"
+    lock.write_text("")
+    with pytest.raises(InputError) as error:
+        check_build_locks()
+    assert str(lock) in str(error.value) and "waits forever" in str(error.value)
+    assert "no process has it open" in str(error.value)
+    with pytest.raises(InputError, match="stale build lock"):   # before any process starts
+        spawn(2, "train_deepspeed", {"zero": {"stage": 1}})
+    if importlib.util.find_spec("deepspeed") is not None:   # validate checks only when it runs DeepSpeed
+        err = _error_line(capsys, ["validate", "--worlds", "2"])
+        assert f"{lock}: stale build lock" in err
+
+
+def test_a_lock_held_by_a_running_build_is_not_stale(extensions):
+    lock = extensions / "cpu_adam" / "lock"
+    fd = os.open(lock, os.O_CREAT | os.O_EXCL)   # as FileBaton.try_acquire: held open during the build
+    try:
+        assert stale_build_locks() == []
+        check_build_locks()
+    finally:
+        os.close(fd)
+    assert [p for p, _ in stale_build_locks()] == [lock]
+
+
+def test_without_proc_only_old_locks_are_stale(extensions, monkeypatch):
+    monkeypatch.setattr(build_locks, "_holders", lambda lock: None)
+    lock = extensions / "cpu_adam" / "lock"
+    lock.write_text("")
+    assert stale_build_locks() == []
+    old = time.time() - build_locks.STALE_AFTER_S - 60
+    os.utime(lock, (old, old))
+    assert stale_build_locks() == [(lock, "it is 11 minutes old")]
+
+
+def test_timeout_message_names_the_run_and_a_stale_lock(extensions):
+    lock = extensions / "cpu_adam" / "lock"
+    lock.write_text("")
+    text = _timeout_message("train_deepspeed", 4, {"zero": {"stage": 3}}, 300, "/tmp/x.log")
+    assert "the train_deepspeed run (world 4, DeepSpeed ZeRO stage 3) did not finish in 300 s" in text
+    assert str(lock) in text and "waits forever" in text and "/tmp/x.log" in text
+    lock.unlink()
+    text = _timeout_message("train_llama", 2, {"strategy": "fsdp2", "hf": True}, 12.5, None)
+    assert "(world 2, strategy fsdp2, HF Llama) did not finish in 12.5 s" in text and "--timeout" in text
+
+
+def test_a_run_past_its_deadline_is_stopped_not_retried(tmp_path):
+    start = time.perf_counter()
+    with pytest.raises(RunTimeout, match=r"the idle run \(world 2\) did not finish in 2 s"):
+        spawn(2, "idle", {"seconds": 120}, timeout_s=2)
+    assert time.perf_counter() - start < 30   # one attempt, stopped (SIGTERM, then SIGKILL after 5 s)
+
+
+def test_a_worker_error_is_not_retried_and_its_output_goes_to_the_log(tmp_path):
+    log = tmp_path / "run.log"
+    with pytest.raises(Exception, match="boom"):
+        spawn(2, "idle", {"raise": "boom"}, log=log)
+    text = log.read_text()
+    assert text.count("--- the idle run (world 2): rank") == 2   # one attempt: one header per rank
+    assert "written at the C level" in text
+
+
+def test_quiet_output_restores_the_terminal(tmp_path, capfd):
+    from sim.validate.output import command_output
+    log = tmp_path / "sub" / "x.log"
+    with command_output("validate", str(log), verbose=False) as (out, path):
+        print("table row", file=out)
+        print("library noise")
+        os.write(2, b"C-level noise\n")
+    captured = capfd.readouterr()
+    assert captured.out == f"table row\ntorch / DeepSpeed output: {log}\n" and captured.err == ""
+    assert path == log and log.read_text() == "library noise\nC-level noise\n"
