@@ -14,22 +14,9 @@ import pytest
 
 from sim.cli import main
 from tests.conftest import ROOT
+from tests.scenarios.test_bad_input import GOOD
 
-SCENARIO = """\
-# a small valid scenario the cases below break
-model = "llama2-7b"
-cluster = "dgx-a100-80g"
-nodes = 2
-
-[training]
-seq_len = 4096
-micro_batch = 1
-global_batch = 256
-precision = "bf16"
-
-[zero]
-stage = 3
-"""
+SCENARIO = "# a small valid scenario the cases below break\n" + GOOD
 TINY = {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 4, "ffn_hidden": 512, "vocab": 1000}
 HF_LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
