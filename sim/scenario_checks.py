@@ -68,6 +68,12 @@ def _check_simulated(s: Scenario, source: Path) -> None:
             if getattr(s.parallel, axis) > 1:
                 raise InputError(source, f"parallel.{axis}", f"{axis} > 1 with {engine}: {NOT_SIMULATED_YET} "
                                  "(2D/3D layouts are simulated with DeepSpeed and DDP); allowed: 1")
+    t, p = s.training, s.parallel
+    if t.partition_activations and p.tp > 1 and t.recompute.value == "full" and not p.sequence_parallel:
+        raise InputError(source, "training.partition_activations", f"partitioned checkpoints with tp = {p.tp} "
+                         f"and full recomputation: {NOT_SIMULATED_YET} (the all-gather of each checkpoint before "
+                         "its recomputation); allowed: false (also the DeepSpeed config's "
+                         "activation_checkpointing.partition_activations)")
     if paper and s.zero is not None:
         for key in ("offload_optimizer", "offload_param"):
             if getattr(s.zero, key).enabled:
