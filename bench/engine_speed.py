@@ -12,8 +12,8 @@ import argparse
 import time
 from pathlib import Path
 
-from sim.engine import Mode
-from sim.scenario import scenario_from_table
+from sim.des.engine import Mode
+from sim.inputs.load import scenario_from_table
 from sim.simulate import simulate
 
 

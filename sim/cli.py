@@ -12,23 +12,36 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from sim.analytic.memory import Convention
-from sim import limits as L
-from sim.catalog import KINDS, catalog_names, looks_like_path, resolve
-from sim.cli_checks import (CLI, COUNT_UNITS, MAX_DEVICE_MEMORY, MAX_K, MAX_PARAMS, SIZE_UNITS, check_finite,
-                            check_int, check_number, check_output_path, image_suffixes, parse_quantity,
-                            strict_json, written)
-from sim.errors import InputError
-from sim.memory_report import quick_report, scenario_report
-from sim.memory_text import format_memory
-from sim.plots import save_memory_plot
-from sim.check import check_rows, holds
-from sim.engine import Mode
-from sim.run_text import format_run
-from sim.scenario import load_scenario
+from sim.cli_checks import (
+    CLI,
+    COUNT_UNITS,
+    MAX_DEVICE_MEMORY,
+    MAX_K,
+    MAX_PARAMS,
+    SIZE_UNITS,
+    check_finite,
+    check_int,
+    check_number,
+    check_output_path,
+    image_suffixes,
+    parse_quantity,
+    strict_json,
+    written,
+)
+from sim.core import limits as L
+from sim.core.enums import Convention
+from sim.core.errors import InputError
+from sim.des.engine import Mode
+from sim.inputs.catalog import KINDS, catalog_names, looks_like_path, resolve
+from sim.inputs.load import load_scenario
+from sim.results.memory_report import quick_report, scenario_report
+from sim.results.memory_text import format_memory
+from sim.results.plots import save_memory_plot
+from sim.results.run_text import format_run
+from sim.results.tables import event_table
+from sim.results.trace import write_chrome_trace
 from sim.simulate import simulate
-from sim.tables import event_table
-from sim.trace import write_chrome_trace
+from sim.studies.check import check_rows, holds
 from sim.validate.cli_args import add_calibrate_args, add_validate_args
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 2, 3

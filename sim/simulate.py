@@ -13,12 +13,12 @@ from typing import Any
 
 from sim.analytic.compute import step_flops
 from sim.analytic.opcost import wire_bytes_per_rank
-from sim.engine import Engine, Mode
-from sim.layout import Layout
-from sim.result import TimeBreakdown, attribute
-from sim.scenario import Scenario
-from sim.schedule import Kind, Mem, Schedule
-from sim.strategies import check_work, layout_of, plan
+from sim.des.engine import EventEngine, Mode
+from sim.engines.layout import Layout
+from sim.engines.plan import check_work, layout_of, plan
+from sim.engines.schedule import Kind, Mem, Schedule
+from sim.inputs.scenario import Scenario
+from sim.results.attribution import TimeBreakdown, attribute
 
 
 @dataclass
@@ -26,7 +26,7 @@ class SimulationResult:
     scenario: Scenario
     schedule: Schedule
     layout: Layout
-    engine: Engine
+    engine: EventEngine
     mode: Mode
     steps: int
     step_time_s: float
@@ -44,7 +44,7 @@ class SimulationResult:
 
     def host_node_bytes(self) -> float:
         """Host memory the busiest node needs: the resident host allocations (offloaded
-        states) of every rank on it, summed (sim.resident)."""
+        states) of every rank on it, summed (sim.engines.resident)."""
         per_class = [sum(a.nbytes for a in c.host) for c in self.schedule.classes]
         if not any(per_class):
             return 0.0
@@ -118,7 +118,7 @@ def simulate(s: Scenario, *, steps: int = 1, mode: Mode = Mode.REPRESENTATIVE,
     check_work(s, steps=steps, full=mode is Mode.FULL)
     schedule = plan(s)
     layout = layout_of(s)
-    engine = Engine(s, schedule, layout, mode, serial)
+    engine = EventEngine(s, schedule, layout, mode, serial)
     engine.run(steps)
     start, end = engine.step_bounds[-1]
     rank = layout.representatives[0]

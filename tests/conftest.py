@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.model import ModelSpec
-from sim.models import load_model
+from sim.core.model import ModelSpec
+from sim.inputs.models import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "models"

@@ -7,15 +7,8 @@ b = micro-batch, h = hidden, a = heads, t = tensor-parallel degree, L = layers.
 
 from __future__ import annotations
 
-from enum import StrEnum
-
-from sim.model import Family, ModelSpec
-
-
-class Recompute(StrEnum):
-    NONE = "none"
-    SELECTIVE = "selective"  # attention core recomputed (Korthikanti Sec. 5); = FlashAttention
-    FULL = "full"            # only each block's input is kept
+from sim.core.enums import Recompute
+from sim.core.model import Family, ModelSpec
 
 
 def zero_paper_activation_bytes(layers: int, hidden: int, seq_len: int, batch: int) -> float:

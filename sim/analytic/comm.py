@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sim.analytic.memory import ZeroStage
+from sim.core.enums import ZeroStage
 
 
 def ring_all_reduce_time(nbytes: float, n: int, bandwidth: float, latency: float) -> float:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sim.analytic.activations import Recompute
 from sim.analytic.params import active_params, attention_params, expert_params
-from sim.model import ModelSpec
+from sim.core.enums import Recompute
+from sim.core.model import ModelSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sim.analytic.memory import ModelStateBytes, ZeroStage, shard_divisors
+from sim.analytic.memory import ModelStateBytes, shard_divisors
 from sim.analytic.params import total_params
-from sim.model import ModelSpec
+from sim.core.enums import ZeroStage
+from sim.core.model import ModelSpec
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 

@@ -27,23 +27,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import IntEnum, StrEnum
 
-
-class ZeroStage(IntEnum):
-    """What ZeRO shards across the data-parallel group; each stage includes the previous."""
-
-    NONE = 0
-    OPTIMIZER = 1
-    GRADIENTS = 2
-    PARAMETERS = 3
-
-
-class Convention(StrEnum):
-    PAPER = "paper"
-    LECTURE = "lecture"
-    DEEPSPEED = "deepspeed"
-    ALLOCATED = "allocated"
+from sim.core.enums import Convention, ZeroStage
 
 
 @dataclass(frozen=True, slots=True)

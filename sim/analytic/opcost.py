@@ -14,16 +14,10 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sim.schedule import Coll
-from sim.specs import ClusterSpec
+from sim.core.enums import Algorithm, Coll
+from sim.core.specs import ClusterSpec
 
 ADAM_BYTES_PER_PARAM = 30.0  # read p, g, m, v (16 B), write p, m, v (12 B), write 16-bit p (2 B); reference 5
-
-
-class Algorithm(StrEnum):
-    RING = "ring"
-    TREE = "tree"                  # double binary tree for all-reduce (ring for the others)
-    HIERARCHICAL = "hierarchical"  # 2-level all-reduce across nodes (ring for the others)
 
 
 class LinkClass(StrEnum):

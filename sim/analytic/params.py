@@ -1,6 +1,6 @@
 """Parameter counts in closed form (reference/engines-and-costmodels.md 6.4).
 
-These are the formulas; `sim.model.module_tree` builds the same model tensor by
+These are the formulas; `sim.core.model.module_tree` builds the same model tensor by
 tensor, and a test checks the two agree for every catalog model.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from sim.model import Bias, ModelSpec, Norm, Position, module_tree
+from sim.core.model import Bias, ModelSpec, Norm, Position, module_tree
 
 
 def attention_params(m: ModelSpec) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sim.analytic.params import embedding_params, layer_params, norm_params
-from sim.model import ModelSpec, Position, module_tree
+from sim.core.model import ModelSpec, Position, module_tree
 
 
 def block_params_per_rank(m: ModelSpec, tp: int) -> float:

@@ -1,5 +1,5 @@
 """Bytes per rank per step by collective kind, for each engine as implemented, in closed
-form from the model's tensors: the twin of the planner's collectives (sim/strategies).
+form from the model's tensors: the twin of the planner's collectives (sim/engines).
 
 Exact under stated assumptions: DeepSpeed ZeRO-3 with `stage3_max_reuse_distance = 0`
 (every module gathered once forward and once backward) and untied embeddings; padding as
@@ -10,8 +10,8 @@ FSDP2: dim 0 of each tensor to dp rows).
 from __future__ import annotations
 
 from sim.analytic.comm import ddp_volume, dim0_padded, flat_padded, tensor_padded, zero_volume_paper
-from sim.analytic.memory import ZeroStage
-from sim.model import ModelSpec, module_tree
+from sim.core.enums import ZeroStage
+from sim.core.model import ModelSpec, module_tree
 
 
 def _ar(n_bytes: float, dp: int) -> float:

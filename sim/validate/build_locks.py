@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from sim.errors import InputError
+from sim.core.errors import InputError
 
 STALE_AFTER_S = 600.0
 

@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from sim.errors import InputError
+from sim.core.errors import InputError
 
 WORLDS = range(2, 9)   # gloo processes on this one machine: 2 to 8
 MAX_SIZE_MIB = (2.0**-8, 1024.0)   # at least 1 KiB and 4 KiB: two sizes for the two-parameter fit
@@ -103,7 +103,7 @@ def _folder(flag: str, folder: Path, file: Path | None = None) -> None:
 
 def _profiles(folder: Path, worlds: list[int]) -> None:
     """The calibrated cluster file of each world (and the GPU file it names) must load."""
-    from sim.hardware import load_cluster
+    from sim.inputs.hardware import load_cluster
     from sim.validate.timing import profile_for
 
     if not folder.is_dir():

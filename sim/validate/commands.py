@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from sim.errors import InputError
+from sim.core.errors import InputError
 from sim.validate.build_locks import check_build_locks
 from sim.validate.calibrate import SIZES, calibrate
 from sim.validate.checks import check_calibrate_args, check_validate_args
@@ -138,7 +138,7 @@ def _calibrate_device(args: argparse.Namespace, out: TextIO) -> int:
     """One device: GEMM efficiency by shape, H2D / D2H bandwidth, CPU Adam (docs/validation.md)."""
     import json
 
-    from sim.validate.calibrate import measure_device
+    from sim.validate.measure import measure_device
     h, f = 8192, 28672   # Llama-2-70B-like GEMMs at 4K tokens, and a small one
     shapes = [(4096, h, h), (4096, h, f), (4096, f, h), (4096, h, 1024), (512, 1024, 1024)]
     peak = args.peak_TFLOPS * 1e12 if args.peak_TFLOPS else None

@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sim.analytic.memory import ZeroStage
-from sim.layout import Axis
-from sim.scenario import Scenario, scenario_from_table
-from sim.schedule import Kind, Mem, Phase
-from sim.strategies import layout_of, plan
+from sim.core.enums import Axis, ZeroStage
+from sim.engines.plan import layout_of, plan
+from sim.engines.schedule import Kind, Mem, Phase
+from sim.inputs.load import scenario_from_table
+from sim.inputs.scenario import Scenario
 
 PHASES = {Phase.FWD: "forward", Phase.BWD: "backward", Phase.STEP: "optimizer"}
 

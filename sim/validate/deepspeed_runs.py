@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sim.models import model_from_table
+from sim.inputs.models import model_from_table
 from sim.validate.recorder import CollectiveRecorder
 from sim.validate.torch_models import LlamaLike
 

@@ -1,7 +1,7 @@
 """Functional ZeRO: K virtual ranks train an MLP numerically, driven by the planner's
 paper-mode schedule (the lecture's zero.py idea, reference/000 Sec. 2.5).
 
-The planner (sim.strategies.paper) decides which collective happens when; this executor
+The planner (sim.engines.paper) decides which collective happens when; this executor
 walks the schedule's ops in issue order and performs them on K numpy ranks: forward and
 backward of each layer on each rank's slice of the batch, broadcasts / reduces /
 reduce-scatters / all-gathers / all-reduces of float32 segments with a fixed-order sum
@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.layout import Layout
-from sim.scenario import scenario_from_table
-from sim.schedule import Coll, Kind, Op, Schedule
-from sim.strategies.paper import PaperPlanner
-from sim.workload import Unit
+from sim.core.enums import Coll
+from sim.engines.layout import Layout
+from sim.engines.paper import PaperPlanner
+from sim.engines.schedule import Kind, Op, Schedule
+from sim.engines.workload import Unit
+from sim.inputs.load import scenario_from_table
 
 F32 = np.float32
 LR, BETA1, BETA2, EPS = F32(1e-3), F32(0.9), F32(0.999), F32(1e-8)

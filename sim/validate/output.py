@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
 
-from sim.errors import InputError
+from sim.core.errors import InputError
 
 LOG_DIR = Path.home() / ".cache" / "zerosim" / "logs"
 

@@ -1,4 +1,4 @@
-"""Small torch models for the validation runs, built to match sim.model.module_tree
+"""Small torch models for the validation runs, built to match sim.core.model.module_tree
 (same module names, order and shapes), so the planner plans exactly what torch runs; and
 the same sizes as Hugging Face's own LlamaForCausalLM (transformers imported lazily)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sim.model import Family, ModelSpec
+from sim.core.model import Family, ModelSpec
 
 
 class RMSNorm(nn.Module):
@@ -22,7 +22,7 @@ class RMSNorm(nn.Module):
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding with the buffers of transformers' LlamaRotaryEmbedding
     (models/llama/modeling_llama.py, default rope, theta 10000): `inv_freq` and
-    `original_inv_freq`, head_dim / 2 values each, not persistent (sim.model.module_buffers;
+    `original_inv_freq`, head_dim / 2 values each, not persistent (sim.core.model.module_buffers;
     DDP broadcasts them before a forward)."""
 
     def __init__(self, head_dim: int, theta: float = 10000.0) -> None:

@@ -24,9 +24,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.multiprocessing.spawn import ProcessException
 
-from sim.models import model_from_table
+from sim.inputs.models import model_from_table
 from sim.validate.build_locks import check_build_locks, stale_build_locks
-from sim.validate.calibrate import measure_collectives, measure_compute
+from sim.validate.measure import measure_collectives, measure_compute
 from sim.validate.recorder import CollectiveRecorder, state_bytes
 from sim.validate.torch_models import LlamaLike, hf_llama, lecture_mlp
 
@@ -270,7 +270,7 @@ def compare_mlp(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _deepspeed(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
-    from sim.validate.deepspeed_runs import train_deepspeed   # deepspeed is optional
+    from sim.validate.deepspeed_runs import train_deepspeed  # deepspeed is optional
     return train_deepspeed(rank, world, cfg)
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.scenario import Scenario, scenario_from_table
-from sim.reading import read_toml
+from sim.inputs.load import scenario_from_table
+from sim.inputs.reading import read_toml
+from sim.inputs.scenario import Scenario
 
 TINY_MODEL = {"name": "tiny", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": 8, "ffn_hidden": 1376,
               "vocab": 8000}

@@ -7,10 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from sim.check import op_cost
-from sim.schedule import Coll, Kind
+from sim.core.enums import Coll
+from sim.engines.schedule import Kind
+from sim.results.trace import chrome_trace
 from sim.simulate import simulate, volume_by_kind
-from sim.trace import chrome_trace
+from sim.studies.check import op_cost
 from tests.crosscheck.scenarios import tiny
 
 BIG = {"name": "mid", "layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 16, "ffn_hidden": 5504,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from sim.analytic.comm import zero_volume_paper
-from sim.analytic.memory import ZeroStage
 from sim.analytic.params import total_params
-from sim.check import check_rows, holds, op_cost, step_bounds
-from sim.engine import Mode
+from sim.core.enums import ZeroStage
+from sim.des.engine import Mode
 from sim.simulate import simulate, volume_by_kind
+from sim.studies.check import check_rows, holds, op_cost, step_bounds
 from tests.crosscheck.scenarios import STRATEGIES, tiny
 
 

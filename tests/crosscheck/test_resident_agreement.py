@@ -1,5 +1,5 @@
 """`zerosim memory` and `zerosim run` read each engine's resident memory from one source
-(sim.resident): their numbers agree for every engine, and the closed forms behind it agree
+(sim.engines.resident): their numbers agree for every engine, and the closed forms behind it agree
 with the planners' own tensor-by-tensor sums."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from sim.analytic.placement import stage_census
-from sim.memory_report import scenario_report
-from sim.resident import greedy_loads, persistent_numel
-from sim.schedule import Mem
-from sim.strategies import layout_of, plan, planner_for
-from sim.strategies.ddp import greedy_partition
+from sim.engines.ddp import greedy_partition
+from sim.engines.plan import layout_of, plan, planner_for
+from sim.engines.resident import greedy_loads, persistent_numel
+from sim.engines.schedule import Mem
+from sim.results.memory_report import scenario_report
 from tests.crosscheck.scenarios import STRATEGIES, tiny
 
 EXTRA = {   # variants the cross-check list does not have

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from sim.analytic.memory import Convention, ZeroStage, model_state_bytes
+from sim.analytic.memory import model_state_bytes
 from sim.analytic.params import largest_module_params, total_params
+from sim.core.enums import Convention, ZeroStage
 from tests.conftest import catalog_model
 
 DS = Convention.DEEPSPEED

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from sim.analytic.activations import (checkpoint_bytes, korthikanti_layer_bytes,
-                                      layer_activation_bytes, pa_allgather_bytes_per_layer,
-                                      zero_paper_activation_bytes)
+from sim.analytic.activations import (
+    checkpoint_bytes,
+    korthikanti_layer_bytes,
+    layer_activation_bytes,
+    pa_allgather_bytes_per_layer,
+    zero_paper_activation_bytes,
+)
 from sim.analytic.comm import zero_volume_deepspeed, zero_volume_paper
 from sim.analytic.lora import lora_model_state_bytes, lora_trainable_params
-from sim.analytic.memory import ZeroStage
-from sim.analytic.offload import (offload_step_time, offload_transfer_bytes,
-                                  tokens_to_hide_offload)
+from sim.analytic.offload import offload_step_time, offload_transfer_bytes, tokens_to_hide_offload
 from sim.analytic.params import total_params
 from sim.analytic.zeropp import zero3_cross_node_volume, zeropp_cross_node_volume
+from sim.core.enums import ZeroStage
 from tests.conftest import catalog_model
 
 GB, GiB, MiB = 1e9, 2**30, 2**20

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from sim.analytic.memory import (Convention, ZeroStage, fused_flat_buffer_bytes,
-                                 largest_trainable_params, model_state_bytes)
+from sim.analytic.memory import fused_flat_buffer_bytes, largest_trainable_params, model_state_bytes
+from sim.core.enums import Convention, ZeroStage
 
 GB = 1e9
 STAGES = list(ZeroStage)

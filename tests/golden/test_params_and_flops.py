@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from sim.analytic.compute import korthikanti_model_flops, megatron_flops_per_iteration
 from sim.analytic.params import active_params, gpt_params_megatron, total_params
-from sim.catalog import catalog_names
-from sim.model import module_tree
+from sim.core.model import module_tree
+from sim.inputs.catalog import catalog_names
 from tests.conftest import catalog_model
 
 HF_COUNTS = {  # Hugging Face model.num_parameters()

@@ -2,7 +2,7 @@
 and random mutations of the bundled scenarios. Whatever the input, `zerosim` answers with
 exit 0 or 3 (a result, strict JSON) or exit 2 (one line naming the file), never a
 traceback. The engine's work budget is lowered here so that every example runs in well
-under a second; the limit itself is what stops a hang (sim.limits)."""
+under a second; the limit itself is what stops a hang (sim.core.limits)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim import limits
 from sim.cli import main
+from sim.core import limits
 from tests.conftest import ROOT
 
 SCENARIO_KEYS = ["model", "cluster", "nodes", "gpus_per_node", "engine", "deepspeed", "parallel", "training",

@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim.analytic import comm
-from sim.analytic.activations import Recompute, layer_activation_bytes
-from sim.analytic.memory import (Convention, ZeroStage, largest_trainable_params,
-                                 model_state_bytes)
+from sim.analytic.activations import layer_activation_bytes
+from sim.analytic.memory import largest_trainable_params, model_state_bytes
+from sim.core.enums import Convention, Recompute, ZeroStage
 from tests.conftest import catalog_model
 
 params = st.floats(1e6, 1e13)

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from sim.analytic.memory import ZeroStage
 from sim.cli import main
-from sim.scenario import Engine, load_scenario
+from sim.core.enums import Engine, ZeroStage
+from sim.inputs.load import load_scenario
 from tests.conftest import SCENARIOS
 
 BUNDLED = sorted(SCENARIOS.glob("*.toml"))
@@ -82,7 +82,7 @@ def test_bundled_scenario_by_name(capsys):
 
 
 def test_fsdp2_row_counts_what_fsdp2_allocates_and_agrees_with_the_des(capsys):
-    from sim.scenario import load_scenario
+    from sim.inputs.load import load_scenario
     from sim.simulate import simulate
     path = SCENARIOS / "llama3-8b_fsdp2_dgx-h100x1.toml"
     main(["memory", str(path), "--json"])

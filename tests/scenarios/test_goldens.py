@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from sim.scenario import load_scenario
+from sim.inputs.load import load_scenario
 from sim.simulate import simulate
 from tests.conftest import SCENARIOS
 

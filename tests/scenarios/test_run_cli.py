@@ -104,9 +104,9 @@ def test_check_prints_des_and_analytic(write_scenario, capsys):
 
 
 def test_collective_summary_has_log_summary_columns(write_scenario):
-    from sim.scenario import load_scenario
+    from sim.inputs.load import load_scenario
+    from sim.results.tables import collective_summary
     from sim.simulate import simulate
-    from sim.tables import collective_summary
     table = collective_summary(simulate(load_scenario(write_scenario(TINY))))
     assert list(table.columns) == ["op", "message_bytes", "group_size", "count", "total_latency_ms",
                                    "avg_latency_ms", "algbw_GBps", "busbw_GBps"]

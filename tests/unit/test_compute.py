@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sim.analytic.activations import Recompute
 from sim.analytic.compute import layer_flops, mfu, model_flops_per_token, step_flops
 from sim.analytic.params import embedding_params, norm_params
+from sim.core.enums import Recompute
 from tests.conftest import catalog_model
 
 

@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from sim.analytic.memory import ZeroStage
 from sim.analytic.params import total_params
 from sim.analytic.placement import params_per_stage
-from sim.deepspeed_config import read_deepspeed_config, resolve_batch
-from sim.errors import InputError
-from sim.model import Bias
-from sim.hf_config import model_from_hf_config
-from sim.zero_config import OffloadDevice, zero_from_dict
+from sim.core.enums import OffloadDevice, ZeroStage
+from sim.core.errors import InputError
+from sim.core.model import Bias
+from sim.inputs.deepspeed_config import read_deepspeed_config, resolve_batch
+from sim.inputs.hf_config import model_from_hf_config
+from sim.inputs.zero_config import zero_from_dict
 from tests.conftest import catalog_model
 
 

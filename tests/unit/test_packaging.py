@@ -23,7 +23,7 @@ def test_wheel_carries_the_catalogs_and_finds_them_installed(tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
                     str(wheel)], check=True, capture_output=True)
-    probe = ("from sim.catalog import catalog_dir; from sim.scenario import load_scenario; "
+    probe = ("from sim.inputs.catalog import catalog_dir; from sim.inputs.load import load_scenario; "
              "import sim.cli, sim.validate.functional; "
              "d = catalog_dir('scenarios'); print(d); "
              "print(load_scenario(d / 'llama2-7b_zero3_dgx-a100-80gx2.toml').model.name)")

@@ -6,10 +6,10 @@ import ast
 
 import pytest
 
-from sim.catalog import catalog_names, resolve
-from sim.errors import InputError
-from sim.hardware import load_cluster
-from sim.schema import Key, read_table
+from sim.core.errors import InputError
+from sim.inputs.catalog import catalog_names, resolve
+from sim.inputs.hardware import load_cluster
+from sim.inputs.schema import Key, read_table
 from tests.conftest import HARDWARE, ROOT
 
 KEYS = (Key("bandwidth_GBps", float, positive=True), Key("latency_us", float, required=False, default=0.0),

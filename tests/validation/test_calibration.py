@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sim.analytic.opcost import bus_factor, ring_steps
-from sim.hardware import load_cluster
-from sim.schedule import Coll
+from sim.core.enums import Coll
+from sim.inputs.hardware import load_cluster
 from sim.simulate import simulate
 from sim.validate.calibrate import calibrate, fit_alpha_beta
 from sim.validate.compare import validation_scenario
@@ -34,7 +34,7 @@ def test_a_short_calibration_writes_a_profile_the_simulator_uses(tmp_path):
 
 
 def test_device_measurement_on_cpu():
-    from sim.validate.calibrate import measure_device
+    from sim.validate.measure import measure_device
     # without DeepSpeedCPUAdam (its first use builds a C++ op: about a minute on 2 cores)
     r = measure_device("cpu", [(64, 64, 64)], peak_flops=1e12, adam_params=2**18, deepspeed_adam=False)
     assert r["gemm"][0]["flops"] > 0 and 0 < r["gemm"][0]["efficiency"] < 1

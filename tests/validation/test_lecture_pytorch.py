@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from sim.strategies.ddp import greedy_partition
+from sim.engines.ddp import greedy_partition
 from sim.validate.lecture import checkpoint_saved_elements, quantization_errors
 from sim.validate.torch_models import lecture_mlp
 from sim.validate.torch_runs import spawn

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from sim.cli import main
-from sim.errors import InputError
+from sim.core.errors import InputError
 from sim.validate import build_locks
 from sim.validate.build_locks import check_build_locks, stale_build_locks
 from sim.validate.torch_runs import RunTimeout, _timeout_message, spawn

@@ -1,0 +1,85 @@
+"""The shared vocabulary: enums every layer uses (inputs, analytic twin, engines, DES,
+results). Imports nothing else of sim."""
+
+from __future__ import annotations
+
+from enum import IntEnum, StrEnum
+
+
+class ZeroStage(IntEnum):
+    """What ZeRO shards across the data-parallel group; each stage includes the previous."""
+
+    NONE = 0
+    OPTIMIZER = 1
+    GRADIENTS = 2
+    PARAMETERS = 3
+
+
+class Convention(StrEnum):
+    """Memory accounting conventions (sim.analytic.memory)."""
+
+    PAPER = "paper"
+    LECTURE = "lecture"
+    DEEPSPEED = "deepspeed"
+    ALLOCATED = "allocated"
+
+
+class Recompute(StrEnum):
+    NONE = "none"
+    SELECTIVE = "selective"  # attention core recomputed (Korthikanti Sec. 5); = FlashAttention
+    FULL = "full"            # only each block's input is kept
+
+
+class Algorithm(StrEnum):
+    RING = "ring"
+    TREE = "tree"                  # double binary tree for all-reduce (ring for the others)
+    HIERARCHICAL = "hierarchical"  # 2-level all-reduce across nodes (ring for the others)
+
+
+class Coll(StrEnum):
+    """Collectives, named as torch.distributed names them."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    BROADCAST = "broadcast"
+    REDUCE = "reduce"
+    ALL_TO_ALL = "all_to_all"
+    SEND_RECV = "send_recv"
+
+
+class Axis(StrEnum):
+    """The parallel axes a process group spans."""
+
+    TP = "tp"
+    PP = "pp"
+    DP = "dp"
+
+
+class Engine(StrEnum):
+    """Which training engine's schedule is replayed."""
+
+    DEEPSPEED = "deepspeed"
+    FSDP2 = "fsdp2"
+    DDP = "ddp"
+    DDP_ZERO_REDUNDANCY = "ddp-zero-redundancy"  # torch ZeroRedundancyOptimizer under DDP
+
+
+class ScheduleMode(StrEnum):
+    """`implemented`: the engines as their code runs; `paper`: the ZeRO paper / lecture's
+    idealised schedules (reduce-scatter + all-gather, per-segment broadcast and reduce)."""
+
+    IMPLEMENTED = "implemented"
+    PAPER = "paper"
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class OffloadDevice(StrEnum):
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"

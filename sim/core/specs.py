@@ -1,0 +1,108 @@
+"""Hardware specs: frozen dataclasses in SI units, built by `sim.inputs.hardware` from TOML.
+
+Peak figures (datasheet) and achievable fractions (measured) are separate fields, so a
+calibration changes a fraction without touching the peak it refers to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class IntraNodeTopology(StrEnum):
+    """How the GPUs of one node are connected."""
+
+    NVSWITCH = "nvswitch"                  # every GPU reaches every other at full NVLink rate
+    HYBRID_CUBE_MESH = "hybrid-cube-mesh"  # DGX-1: NVLink point-to-point, rings via NCCL
+    PCIE = "pcie"
+    SHARED_MEMORY = "shared-memory"        # CPU processes on one host (gloo)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    """Peak capabilities of one accelerator; efficiencies turn peaks into achieved rates."""
+
+    name: str
+    memory: float                       # bytes of device memory
+    memory_bandwidth: float             # bytes/s, peak
+    bf16_flops: float                   # FLOP/s dense peak; 0 when the GPU has no bf16
+    fp16_flops: float                   # FLOP/s dense peak (tensor cores)
+    fp32_flops: float                   # FLOP/s dense peak (no TF32)
+    matmul_efficiency: float            # fraction of peak reached by large GEMMs
+    memory_bandwidth_efficiency: float  # fraction of peak HBM bandwidth reached
+    uncertain: tuple[str, ...] = ()     # keys whose value is an estimate (see the file)
+    kernel_overhead: float = 0.0        # s added to every compute op (launch / dispatch); calibrated
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense peak for a training precision: 'bf16', 'fp16' or 'fp32'."""
+        return {"bf16": self.bf16_flops, "fp16": self.fp16_flops, "fp32": self.fp32_flops}[precision]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkSpec:
+    """One direction of a link as seen by one GPU (alpha-beta model)."""
+
+    bandwidth: float   # bytes/s, peak per direction
+    efficiency: float  # fraction of `bandwidth` that collectives reach (bus bandwidth)
+    latency: float     # s, per step of a collective algorithm
+
+    @property
+    def achievable_bandwidth(self) -> float:
+        """bytes/s a large transfer reaches: peak x efficiency."""
+        return self.bandwidth * self.efficiency
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HostSpec:
+    """The CPU side of a node: DRAM, PCIe to each GPU, CPU-Adam throughput."""
+
+    cpu: str
+    cores: int
+    dram: float                    # bytes
+    dram_bandwidth: float          # bytes/s, theoretical
+    pcie: LinkSpec                 # per GPU, per direction, pinned memory
+    gpus_per_pcie_switch: int      # GPUs sharing one uplink to the CPU
+    cpu_adam_params_per_s: float   # parameters/s for the whole node (all ranks together)
+    nvme_bandwidth: float          # bytes/s per node; 0 when unknown / absent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSpec:
+    """One host: its GPUs, how they are connected, its NICs and its CPU side."""
+
+    gpu: GpuSpec
+    gpus_per_node: int
+    intra_topology: IntraNodeTopology
+    intra_node: LinkSpec          # per GPU, per direction
+    nics_per_node: int
+    host: HostSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """A node type and the network between nodes; the node count lives in the scenario."""
+
+    name: str
+    node: NodeSpec
+    inter_node: LinkSpec          # per NIC, per direction
+    uncertain: tuple[str, ...] = ()
+    calibration: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Measured collectives inside a node (`zerosim calibrate`): op -> (alpha per step s, busbw B/s)."""
+
+    @property
+    def gpu(self) -> GpuSpec:
+        return self.node.gpu
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.node.gpus_per_node
+
+    @property
+    def host(self) -> HostSpec:
+        return self.node.host
+
+    @property
+    def nic_bandwidth_per_gpu(self) -> float:
+        """bytes/s of achievable inter-node bandwidth one GPU gets when all GPUs send."""
+        return self.inter_node.achievable_bandwidth * self.node.nics_per_node / self.node.gpus_per_node

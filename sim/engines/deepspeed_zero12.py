@@ -1,0 +1,128 @@
+"""DeepSpeed without ZeRO and with ZeRO-1 / ZeRO-2, as implemented
+(deepspeed/runtime/zero/stage_1_and_2.py, engine.py; reference 1.3 and 1.5).
+
+- Gradients go into the IPG bucket in hook order; a bucket is flushed when the next
+  gradient would overflow `reduce_bucket_size` elements. Each flushed bucket is reduced
+  with one all-reduce (default `use_multi_rank_bucket_allreduce`), with one reduce per
+  destination rank when that flag is off, or a plain all-reduce with `reduce_scatter` off.
+- ZeRO-2 reduces every micro-step; ZeRO-1 only at the accumulation boundary.
+- `overlap_comm` off: the reduction runs in the hook on the compute stream (backward
+  stalls for it; ZeRO-1 walks all gradients after backward). On: reductions run on the
+  reduction stream, and when bucket k is launched the compute stream waits for bucket
+  k-1: one bucket in flight.
+- Step: grad-norm all-reduce, Adam on this rank's partition (GPU, or CPU-Adam with
+  ZeRO-Offload: D2H of each reduced partition slice, CPU-Adam, H2D of the 16-bit
+  partition), then one all_gather_into_tensor of the whole 16-bit flat buffer (padded to a
+  multiple of 2 x dp) on the compute stream, overlapped with nothing.
+- Stage 0 (DeepSpeed without ZeRO): after backward, at the boundary, all-reduce of all
+  gradients in 5e8-element buckets on the compute stream; Adam on all parameters.
+"""
+
+from __future__ import annotations
+
+from sim.analytic.comm import flat_padded
+from sim.core.enums import Coll, ZeroStage
+from sim.engines.buckets import DeepSpeedBucket
+from sim.engines.schedule import Alloc, Kind, Mem, Phase, Stream
+from sim.engines.skeleton import Planner, Use
+
+STAGE0_BUCKET = 500_000_000  # MEMORY_OPT_ALLREDUCE_SIZE (deepspeed/runtime/constants.py)
+
+
+class Zero12Planner(Planner):
+    name = "deepspeed-zero12"
+    per_module = True   # gradient hooks fire per parameter, as each module's backward ends
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        assert self.s.zero is not None
+        self.z = self.s.zero
+        self.stage = self.z.stage
+        self.offload = self.z.offload_optimizer.enabled
+        self.comm_bytes = self.elem(self.half)
+        self.bucket = DeepSpeedBucket(STAGE0_BUCKET if self.stage == 0 else self.z.reduce_bucket_size)
+        self.in_flight: int | None = None   # the last bucket reduction launched (overlap_comm)
+        self.offload_copies: list[int] = []
+        self.padded = flat_padded(self.psi, self.dp)
+
+    def name_of_stage(self) -> str:
+        return f"ZeRO-{int(self.stage)}" if self.stage else "DeepSpeed (no ZeRO)"
+
+    # -- gradient reduction ----------------------------------------------------------------
+    def reduces_now(self, ms: int) -> bool:
+        return self.stage == ZeroStage.GRADIENTS or ms == self.boundary
+
+    def in_hooks(self) -> bool:
+        return self.stage == ZeroStage.GRADIENTS or (self.stage == ZeroStage.OPTIMIZER and self.z.overlap_comm)
+
+    def after_use(self, use: Use, op: int) -> None:
+        if use.what != "B" or not self.in_hooks() or not self.reduces_now(use.micro_step):
+            return
+        g = self.granules[use.index]
+        for numel in reversed(g.tensors):
+            for elements in self.bucket.add(numel):
+                self.reduce_bucket(elements, use.micro_step, op, g.block)
+
+    def end_of_backward(self, ms: int) -> None:
+        if not self.reduces_now(ms):
+            return
+        last = self.b.last(Stream.COMPUTE)
+        if not self.in_hooks():   # ZeRO-0 / ZeRO-1 without overlap: walk every gradient now
+            for g in reversed(self.granules):
+                for numel in reversed(g.tensors):
+                    for elements in self.bucket.add(numel):
+                        self.reduce_bucket(elements, ms, last, g.block)
+        for elements in self.bucket.flush():
+            self.reduce_bucket(elements, ms, last, None)
+        self.b.host_sync(self.in_flight)   # epilogue: device synchronize
+        self.b.host_sync(self.offload_copies[-1] if self.offload_copies else None)
+        self.in_flight = None
+
+    def reduce_bucket(self, elements: int, ms: int, producer: int | None, layer: int | None) -> None:
+        overlap = self.z.overlap_comm and self.stage > 0
+        stream = Stream.REDUCE if overlap else Stream.COMPUTE
+        nbytes = elements * self.comm_bytes
+        if overlap:
+            self.wait_before_next_compute(self.in_flight)   # compute waits for bucket k-1
+        if self.stage > 0 and self.z.reduce_scatter and not self.z.use_multi_rank_bucket_allreduce:
+            last = None
+            for _dst in range(self.dp):
+                last = self.collective(stream, Coll.REDUCE, nbytes / self.dp, "bucket reduce to owner",
+                                       Phase.BWD, ms, deps=[producer], layer=layer, purpose="grad bucket")
+        else:
+            last = self.collective(stream, Coll.ALL_REDUCE, nbytes, "bucket all-reduce", Phase.BWD, ms,
+                                   deps=[producer], layer=layer, purpose="grad bucket")
+        self.in_flight = last
+        if self.offload and ms == self.boundary:
+            # issued on the reduction's stream ("a separate copy stream is disabled because of race
+            # with reduce", stage_1_and_2.py)
+            self.offload_copies.append(self.copy(Stream.D2H, nbytes / self.dp, "D2H gradient partition",
+                                                 Phase.BWD, ms, stream=stream, deps=[last], layer=layer))
+
+    # -- the step --------------------------------------------------------------------------
+    def optimizer_step(self) -> None:
+        # stage_1_and_2.py step(): fp16 checks overflow (a MAX all-reduce), then always computes
+        # the global norm (scaled_global_norm, an fp32 all-reduce), clipping or not.
+        if self.stage > 0 and self.t.precision.value == "fp16":
+            self.collective(Stream.COMPUTE, Coll.ALL_REDUCE, 4.0, "overflow check all-reduce", Phase.STEP,
+                            self.boundary, purpose="overflow check")
+        norm = self.grad_norm(always=self.stage > 0)
+        n = self.dp if self.stage >= ZeroStage.OPTIMIZER else 1
+        shard = self.padded / n
+        fp32_grads = Alloc(Mem.OPTIMIZER, "fp32 gradient partition", 4.0 * shard)
+        if self.offload:
+            cpu = self.b.add(Stream.CPU, Kind.CPU_OPTIMIZER, "CPU-Adam", Phase.STEP, self.boundary,
+                             params=shard, deps=[norm, *self.offload_copies])
+            up = self.copy(Stream.H2D, shard * self.elem(self.half), "H2D 16-bit partition", Phase.STEP,
+                           self.boundary, deps=[cpu])
+            self.wait_before_next_compute(up)
+        else:
+            self.adam(shard, deps=[norm], holds=(fp32_grads,))
+        if self.stage > 0:
+            self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.padded * self.elem(self.half),
+                            "all_gather_into_tensor (16-bit partitions)", Phase.STEP, self.boundary,
+                            purpose="post-step")
+
+    def notes(self) -> list[str]:
+        return [f"{self.name_of_stage()}: one parameter group; overlap_comm={self.z.overlap_comm}"]
+

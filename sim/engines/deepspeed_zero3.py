@@ -1,0 +1,286 @@
+"""DeepSpeed ZeRO-3 as implemented (stage3.py, partitioned_param_coordinator.py,
+parameter_offload.py; reference 1.4).
+
+Fetch unit: every module that owns parameters. Tensors with numel <= the persistence
+threshold are persistent (replicated, gathered once after each step). Before a module runs
+(forward, recompute and backward alike) its missing parameters are all-gathered in one
+coalesced call on the all-gather stream and the compute stream waits for it; then, the
+trace being known (steady state: the first iteration records it and does not prefetch),
+the coordinator prefetches the next modules of the trace up to
+min(max_live_parameters - available, prefetch_bucket_size) elements, in one call. Waiting
+on in-flight parameters records a fetch event; with more than two outstanding the host
+synchronizes the oldest. After a module, its parameters are
+released unless used again within `max_reuse_distance` elements of trace. Gradients fill
+the IPG bucket (flush on overflow of `reduce_bucket_size`), each bucket one
+reduce_scatter_tensor on the reduce stream, at most two in flight before the host waits.
+The step runs Adam on this rank's partition (or CPU-Adam with offload) and all-gathers
+the persistent parameters; no other parameter gather follows the step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from sim.analytic.comm import tensor_padded
+from sim.core.enums import Coll
+from sim.core.specs import IntraNodeTopology
+from sim.engines.buckets import DeepSpeedBucket
+from sim.engines.schedule import Alloc, Kind, Mem, Phase, Schedule, Stream
+from sim.engines.skeleton import Planner, Use
+
+MAX_ONGOING_FETCHES = 2     # partitioned_param_coordinator.py __max_ongoing_fetch_events
+MAX_REDUCE_EVENTS = 2       # stage3.py max_param_reduce_events
+
+
+class Zero3Planner(Planner):
+    name = "deepspeed-zero3"
+    per_module = True
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        assert self.s.zero is not None
+        self.z = self.s.zero
+        self.h = self.elem(self.half)
+        self.persistent = self._persistent_tensors()
+        # parameters each granule fetches: (owner name, gathered elements, padded elements)
+        self.fetch: dict[int, tuple[str, int, int]] = {}
+        for i, g in enumerate(self.granules):
+            owner = g.shares or g.name
+            own = self.granules[self._owner_index(owner)]
+            numels = [n for j, n in enumerate(own.tensors) if (owner, j) not in self.persistent]
+            if numels:
+                self.fetch[i] = (owner, sum(numels), sum(tensor_padded(n, self.dp) for n in numels))
+        self.padded_total = sum(tensor_padded(n, self.dp) for g in self.granules for n in g.tensors)
+        self.persistent_numel = sum(self.granules[self._owner_index(o)].tensors[j] for o, j in self.persistent)
+        self.bucket = DeepSpeedBucket(self.z.reduce_bucket_size)
+        self.bucket_padded = 0
+        self.reductions: deque[int] = deque()
+        self.last_reduction: int | None = None
+        self.offload_copies: list[int] = []
+        self.hook_time: int | None = None
+        self._in_backward = False
+
+    def _owner_index(self, name: str) -> int:
+        return next(i for i, g in enumerate(self.granules) if g.name == name)
+
+    def _persistent_tensors(self) -> set[tuple[str, int]]:
+        """ds_persist: numel <= param_persistence_threshold, until model_persistence_threshold."""
+        out, total = set(), 0
+        for g in self.granules:
+            for j, n in enumerate(g.tensors):
+                if n <= self.z.param_persistence_threshold and total + n <= self.z.model_persistence_threshold:
+                    out.add((g.name, j))
+                    total += n
+        return out
+
+    # -- fetching ---------------------------------------------------------------------------
+    def build(self) -> Schedule:
+        self.resident()
+        for ms in range(self.t.grad_accum):
+            self.micro_step(ms)
+        self.optimizer_step()
+        return Schedule(self.name, [self.b.cls], self.notes())
+
+    def with_containers(self, trace: list[Use]) -> list[Use]:
+        """DeepSpeed hooks every module, so a container (the root, a block, its attention and
+        MLP) entered in forward or backward runs fetch_sub_module too: no parameters to
+        fetch, but a prefetch point. Marked as uses 'C' with index -1."""
+        out: list[Use] = []
+        previous: list[str] = []
+        for use in trace:
+            if out and (use.what == "B") != (out[-1].what == "B") and out[-1].what != "C":
+                previous = []                      # the backward pass enters from the root again
+            here = _containers(self.granules[use.index].name)
+            fresh = [c for i, c in enumerate(here) if i >= len(previous) or previous[i] != c]
+            out += [Use("C", -1, use.micro_step) for _ in fresh]
+            out.append(use)
+            previous = here
+        return out
+
+    def micro_step(self, ms: int) -> None:
+        trace = self.with_containers(self.trace(ms))
+        keys = [self.fetch.get(u.index) if u.what != "C" else None for u in trace]
+        available: dict[str, tuple[int, int]] = {}       # owner -> (AG op, elements)
+        skipped: dict[str, int] = {}                     # owner -> latest trace use passed by prefetch
+        outstanding: deque[int] = deque()                # fetch events the host has not synced
+        inflight: set[str] = set()                       # gathered but not yet waited for
+        n_available, queue = 0, 0
+        passes = [u.what for u in trace]
+        for i in range(len(passes) - 2, -1, -1):   # a container marker belongs to the next use's pass
+            if passes[i] == "C":
+                passes[i] = passes[i + 1]
+        for pos, use in enumerate(trace):
+            key = keys[pos]
+            deps: list[int | None] = []
+            self._in_backward = passes[pos] != "F"
+            # The pre-hook of this use runs when the previous use's compute is done: gathers
+            # issued here overlap this use's compute at most (host view of the allocator).
+            self.hook_time = self.b.last(Stream.COMPUTE)
+            if key and key[0] not in available:
+                ag = self._all_gather([key], ms, use, "fetch")
+                available[key[0]] = (ag, key[1])
+                inflight.add(key[0])
+                n_available += key[1]
+            if key:
+                deps.append(available[key[0]][0])
+                if key[0] in inflight:   # waiting on an in-flight gather records a fetch event
+                    inflight.discard(key[0])
+                    outstanding.append(available[key[0]][0])
+                    if len(outstanding) > MAX_ONGOING_FETCHES:
+                        self.b.host_sync(outstanding.popleft())   # the host synchronizes the oldest
+            queue = max(queue, pos + 1)
+            budget = min(self.z.max_live_parameters - n_available, self.z.prefetch_bucket_size)
+            batch, queue = self._prefetch_batch(keys, queue, available, skipped, budget)
+            if batch:
+                ag = self._all_gather(batch, ms, use, "prefetch")
+                for k in batch:
+                    available[k[0]] = (ag, k[1])
+                    inflight.add(k[0])
+                    n_available += k[1]
+            self._pending.extend(deps)
+            op = self._emit_use(use)
+            if key and self._release(keys, pos, skipped):
+                n_available -= available.pop(key[0])[1]
+                self._free_after(op, key)
+        for owner in list(available):   # release_and_reset_all at the end of backward
+            self._free_after(self.b.last(Stream.COMPUTE), self._key_of(owner))
+        self.end_of_backward(ms)
+
+    def _key_of(self, owner: str) -> tuple[str, int, int]:
+        return next(k for k in self.fetch.values() if k[0] == owner)
+
+    def _prefetch_batch(self, keys, queue, available, skipped, budget):  # type: ignore[no-untyped-def]
+        """Pop the trace queue until `budget` elements are being prefetched; a use whose
+        parameters are already available is marked, so they are not released before it."""
+        batch, numel, chosen = [], 0, set()
+        while queue < len(keys) and numel < budget:
+            key = keys[queue]
+            if key and key[0] in available:
+                skipped[key[0]] = queue
+            elif key and key[0] not in chosen:
+                batch.append(key)
+                chosen.add(key[0])
+                numel += key[1]
+            queue += 1
+        return batch, queue
+
+    def _release(self, keys, pos, skipped) -> bool:  # type: ignore[no-untyped-def]
+        """DeepSpeed's __params_to_release: keep parameters whose later use prefetch skipped,
+        or that reappear among the modules visited before max_reuse_distance elements."""
+        owner = keys[pos][0]
+        if skipped.get(owner, -1) > pos:
+            return False
+        traversed = 0
+        for key in keys[pos + 1:]:
+            if traversed >= self.z.max_reuse_distance:
+                break
+            if key:
+                if key[0] == owner:
+                    return False
+                traversed += key[1]
+        return True
+
+    def _all_gather(self, batch, ms, use, purpose) -> int:  # type: ignore[no-untyped-def]
+        padded = sum(k[2] for k in batch)
+        deps: list[int | None] = [self.hook_time]
+        if self.z.offload_param.enabled:
+            deps.append(self.copy(Stream.H2D, self.h * padded / self.dp, "H2D parameter partition",
+                                  self._phase(use), ms))
+        alloc = tuple(Alloc(Mem.PARAMS, f"gathered {k[0]}", self.h * k[2]) for k in batch)
+        names = ", ".join(k[0] for k in batch) if len(batch) <= 3 else f"{len(batch)} modules"
+        ag = self.collective(Stream.ALLGATHER, Coll.ALL_GATHER, self.h * padded, f"all-gather {names}",
+                             self._phase(use), ms, deps=deps, alloc=alloc,
+                             layer=self.granules[use.index].block, purpose=purpose)
+        return ag
+
+    def _phase(self, use: Use) -> Phase:
+        return Phase.BWD if self._in_backward else Phase.FWD
+
+    def _free_after(self, op: int | None, key: tuple[str, int, int]) -> None:
+        """Give the gathered copy back when compute op `op` ends."""
+        self.b.attach(Stream.COMPUTE, op, free=(Alloc(Mem.PARAMS, f"gathered {key[0]}", self.h * key[2]),))
+
+    def _emit_use(self, use: Use) -> int | None:
+        if use.what == "C":
+            return self.b.last(Stream.COMPUTE)
+        self.emit(use)
+        return self.b.last(Stream.COMPUTE)
+
+    # -- gradients --------------------------------------------------------------------------
+    def after_use(self, use: Use, op: int) -> None:
+        g = self.granules[use.index]
+        if use.what != "B" or g.shares:
+            return
+        for n in reversed(g.tensors):
+            if self.bucket.add(n):   # the bucket overflowed: reduce what it held before n
+                self._reduce_scatter(use.micro_step, op, g.block)
+            self.bucket_padded += tensor_padded(n, self.dp)
+
+    def _reduce_scatter(self, ms: int, producer: int | None, layer: int | None) -> None:
+        """Reduce what the bucket holds except its newest gradient (DeepSpeed flushes first)."""
+        padded = self.bucket_padded
+        self.bucket_padded = 0
+        rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, self.h * padded, "reduce_scatter bucket",
+                             Phase.BWD, ms, deps=[producer], layer=layer, purpose="grad bucket")
+        self.last_reduction = rs
+        self.reductions.append(rs)
+        if len(self.reductions) > MAX_REDUCE_EVENTS:
+            self.b.host_sync(self.reductions.popleft())
+        if self.z.offload_optimizer.enabled and ms == self.boundary:
+            self.offload_copies.append(self.copy(Stream.D2H, self.h * padded / self.dp, "D2H gradient partition",
+                                                 Phase.BWD, ms, stream=Stream.REDUCE, deps=[rs], layer=layer))
+
+    def end_of_backward(self, ms: int) -> None:
+        if self.bucket.flush():
+            self._reduce_scatter(ms, self.b.last(Stream.COMPUTE), None)
+        self.b.host_sync(self.last_reduction)   # the backward epilogue synchronizes the reduce stream
+        if self.offload_copies:
+            self.b.host_sync(self.offload_copies[-1])
+        self.reductions.clear()
+
+    # -- the step ---------------------------------------------------------------------------
+    def optimizer_step(self) -> None:
+        # stage3.py step(): the global norm is always computed, in float64 (8 B all-reduce)
+        norm = self.grad_norm(always=True, nbytes=8.0)
+        shard = self.padded_total / self.dp
+        if self.z.offload_optimizer.enabled:
+            cpu = self.b.add(Stream.CPU, Kind.CPU_OPTIMIZER, "CPU-Adam",
+                             Phase.STEP, self.boundary, params=shard, deps=[norm, *self.offload_copies])
+            up = self.copy(Stream.H2D, shard * self.h, "H2D 16-bit partition", Phase.STEP, self.boundary,
+                           deps=[cpu])
+            self.wait_before_next_compute(up)
+        else:
+            tile = min(shard, self.z.sub_group_size)
+            self.adam(shard, deps=[norm], holds=(Alloc(Mem.OPTIMIZER, "fp32 gradient sub-group", 4.0 * tile),))
+        padded = [tensor_padded(self.granules[self._owner_index(o)].tensors[j], self.dp)
+                  for o, j in sorted(self.persistent, key=self._tensor_order)]
+        if not padded:
+            return
+        if self.s.cluster.node.intra_topology is IntraNodeTopology.SHARED_MEMORY:
+            # a "synchronized device" (DeepSpeed's CPU accelerator) gathers them one by one
+            for numel in padded:
+                self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * numel, "all-gather persistent parameter",
+                                Phase.STEP, self.boundary, purpose="post-step")
+        else:
+            self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * sum(padded),
+                            "all-gather persistent parameters", Phase.STEP, self.boundary, purpose="post-step")
+
+    def _tensor_order(self, key: tuple[str, int]) -> tuple[int, int]:
+        return self._owner_index(key[0]), key[1]
+
+    def notes(self) -> list[str]:
+        return [f"ZeRO-3 steady state (trace recorded, prefetch on): {len(self.fetch)} fetch units, "
+                f"{len(self.persistent)} persistent tensors ({self.persistent_numel:,} elements)"]
+
+
+def _containers(name: str) -> list[str]:
+    """The modules with children that enclose a unit: the root, its block, and the block's
+    attention / MLP module (the attention core counts as inside the attention)."""
+    parts = name.split(".")
+    if len(parts) < 4 or parts[1] != "layers":
+        return ["root"]
+    block = ".".join(parts[:3])
+    sub = "self_attn" if parts[3] == "attention" else parts[3]
+    if sub in ("self_attn", "attn", "mlp", "block_sparse_moe"):
+        return ["root", block, f"{block}.{sub}"]
+    return ["root", block]

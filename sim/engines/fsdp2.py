@@ -1,0 +1,168 @@
+"""PyTorch FSDP2, `fully_shard` on every transformer block and on the root
+(torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py; reference 2.1-2.3).
+
+Parameters are sharded on dim 0 (padded to a multiple of dp rows) and kept in their
+original dtype (fp32); the all-gather and the unsharded copy use `param_dtype`. The root
+group (embedding, final norm, head) is not resharded after forward unless `reshard_root`
+is true (`fully_shard(root, reshard_after_forward=True)`): then it is freed after the head's
+forward and gathered again when backward begins. Forward: block i's
+all-gather runs on the all-gather stream and may start once block i - prefetch - 1 has
+been resharded (implicit CPU run-ahead: two all-gather buffers alive at depth 1).
+Backward: each block gathers itself (when resharded) and `backward_prefetch` blocks
+ahead; after its gradients, a reduce-scatter on the reduce-scatter stream, and the compute
+stream waits for the previous block's reduce-scatter before going on (one in flight).
+Gradient sync happens every micro-step (the default). Adam runs on the fp32 shard.
+"""
+
+from __future__ import annotations
+
+from sim.analytic.comm import dim0_padded
+from sim.core.enums import Coll
+from sim.core.model import module_tree
+from sim.engines.schedule import Alloc, Kind, Mem, Phase, Stream
+from sim.engines.skeleton import Planner, Use
+
+TORCH_CPU_ADAM_SLOWDOWN = 6.0  # DeepSpeedCPUAdam is "5x to 7x" faster than torch Adam (cpu_adam.py)
+
+
+class Fsdp2Planner(Planner):
+    name = "fsdp2"
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        f = self.s.fsdp
+        assert f is not None
+        self.f = f
+        self.p_bytes = self.elem(f.param_dtype or self.half)
+        self.r_bytes = self.elem(f.reduce_dtype or f.param_dtype or self.half)
+        self.padded = self._padded_by_unit()          # unit index -> padded elements
+        self.total_padded = sum(self.padded.values())
+        self.ag: dict[tuple[int, int, str], int] = {}  # (micro-step, unit, phase) -> AG op
+        self.fwd_done: dict[int, int] = {}
+        self.bwd_done: dict[int, int] = {}
+        self.prev_rs: int | None = None
+        self.last_rs: int | None = None
+
+    def _padded_by_unit(self) -> dict[int, int]:
+        """Unit -1 is the root (embedding, final norm, head); unit i is block i."""
+        out: dict[int, int] = {}
+        for mod in module_tree(self.m):
+            unit = -1 if mod.block is None else mod.block
+            out[unit] = out.get(unit, 0) + sum(dim0_padded(t.shape, self.dp) for t in mod.tensors)
+        return out
+
+    def unit_of(self, use: Use) -> int:
+        block = self.granules[use.index].block
+        return -1 if block is None else block
+
+    def resharded(self, unit: int) -> bool:
+        """Blocks follow `reshard_after_forward`; the root follows `reshard_root` (torch's
+        default None keeps it unsharded after forward)."""
+        if unit == -1:
+            return bool(self.f.reshard_root)
+        return bool(self.f.reshard_after_forward)
+
+    # -- all-gathers ------------------------------------------------------------------------
+    def before_use(self, use: Use) -> list[int | None]:
+        unit, ms = self.unit_of(use), use.micro_step
+        if use.what == "F":
+            if unit == -1 and use.index > 0:
+                return [self.ag[(ms, -1, "F")]]           # the head: root still gathered
+            return self._copy_out(use, self._gather(ms, unit, "F"))
+        if use.what == "R":
+            return self._copy_out(use, self._gather(ms, unit, "B")) if unit != -1 else []
+        if unit == -1 and not self.resharded(-1):
+            return [self.ag[(ms, -1, "F")]]
+        if unit == -1:       # the resharded root is gathered again as backward begins (the head)
+            fresh = (ms, -1, "B") not in self.ag
+            return self._copy_out(use, self._gather(ms, -1, "B")) if fresh else [self.ag[(ms, -1, "B")]]
+        fresh = (ms, unit, "B") not in self.ag
+        ag = self._gather(ms, unit, "B")
+        for ahead in range(1, min(self.f.backward_prefetch, unit) + 1):   # explicit backward prefetch
+            self._gather(ms, unit - ahead, "B")
+        return self._copy_out(use, ag) if fresh or self.resharded(unit) else [ag]
+
+    def _copy_out(self, use: Use, ag: int | None) -> list[int | None]:
+        """`foreach_all_gather_copy_out` on the compute stream: the gathered flat buffer is
+        copied into the unsharded parameters (read + write, memory-bound)."""
+        if ag is None:
+            return []
+        unit = self.unit_of(use)
+        nbytes = 2.0 * self.p_bytes * self.padded[unit]
+        return [self.compute(f"all-gather copy-out unit {unit}", Phase.FWD if use.what == "F" else Phase.BWD,
+                             use.micro_step, 0.0, 0.0, None if unit == -1 else unit, [ag],
+                             elementwise_bytes=nbytes)]
+
+    def _gather(self, ms: int, unit: int, phase: str) -> int | None:
+        key = (ms, unit, phase)
+        if key in self.ag:
+            return self.ag[key]
+        if phase == "B" and not self.resharded(unit):
+            return self.ag.get((ms, unit, "F"))
+        if phase == "F":   # buffer of block unit - prefetch - 1 must be resharded first
+            gate = self.fwd_done.get(unit - self.f.forward_prefetch - 1)
+        elif unit != -1:   # the root's backward gather opens backward: nothing to wait for
+            gate = self.bwd_done.get(unit + self.f.backward_prefetch + 1)
+        else:
+            gate = None
+        nbytes = self.p_bytes * self.padded[unit]
+        deps: list[int | None] = [gate]
+        if self.f.cpu_offload:
+            deps.append(self.copy(Stream.H2D, 4.0 * self.padded[unit] / self.dp, "H2D parameter shard",
+                                  Phase.FWD if phase == "F" else Phase.BWD, ms))
+        self.ag[key] = self.collective(
+            Stream.ALLGATHER, Coll.ALL_GATHER, nbytes, f"all-gather {'root' if unit == -1 else f'block {unit}'}",
+            Phase.FWD if phase == "F" else Phase.BWD, ms, deps=deps, layer=None if unit == -1 else unit,
+            alloc=(Alloc(Mem.PARAMS, f"unsharded unit {unit}", nbytes),),
+            purpose="fetch" if unit != -1 else "root")
+        return self.ag[key]
+
+    # -- after compute: reshard, reduce-scatter -------------------------------------------------
+    def after_use(self, use: Use, op: int) -> None:
+        unit, ms = self.unit_of(use), use.micro_step
+        if use.what == "F" and unit != -1:
+            self.fwd_done[unit] = op
+            if self.resharded(unit):
+                self._free(op, unit)
+        if use.what == "F" and unit == -1 and use.index > 0 and self.resharded(-1):
+            self._free(op, -1)   # the root's post-forward reshard, after the head
+        if use.what != "B" or (unit == -1 and use.index != 0):
+            return
+        self.bwd_done[unit] = op
+        self._free(op, unit)   # reshard after backward
+        nbytes = self.r_bytes * self.padded[unit]
+        grads = Alloc(Mem.GRADS, f"unsharded gradients unit {unit}", self.p_bytes * self.padded[unit])
+        self.b.attach(Stream.COMPUTE, op, alloc=(grads,))
+        self.wait_before_next_compute(self.prev_rs)   # at most one reduce-scatter outstanding
+        copy_in = self.compute(f"reduce-scatter copy-in unit {unit}", Phase.BWD, ms, 0.0, 0.0,
+                               None if unit == -1 else unit, elementwise_bytes=2.0 * nbytes)
+        rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, nbytes,
+                             f"reduce-scatter {'root' if unit == -1 else f'block {unit}'}", Phase.BWD, ms,
+                             deps=[copy_in], layer=None if unit == -1 else unit, free=(grads,), purpose="grad")
+        self.prev_rs, self.last_rs = rs, rs
+        if self.f.cpu_offload:
+            self.last_rs = self.copy(Stream.D2H, 4.0 * self.padded[unit] / self.dp, "D2H gradient shard",
+                                     Phase.BWD, ms, deps=[rs])
+
+    def _free(self, op: int, unit: int) -> None:
+        nbytes = self.p_bytes * self.padded[unit]
+        self.b.attach(Stream.COMPUTE, op, free=(Alloc(Mem.PARAMS, f"unsharded unit {unit}", nbytes),))
+
+    def end_of_backward(self, ms: int) -> None:
+        self.wait_before_next_compute(self.last_rs)   # finalize_backward waits for the reductions
+        self.prev_rs = None
+
+    def optimizer_step(self) -> None:
+        norm = self.grad_norm()
+        shard = self.total_padded / self.dp
+        if self.f.cpu_offload:
+            cpu = self.b.add(Stream.CPU, Kind.CPU_OPTIMIZER, "torch Adam on CPU", Phase.STEP, self.boundary,
+                             params=shard * TORCH_CPU_ADAM_SLOWDOWN, deps=[norm, self.last_rs])
+            self.wait_before_next_compute(cpu)
+            self.compute("wait for the CPU step", Phase.STEP, self.boundary, 0.0, 0.0, None)
+        else:
+            self.adam(shard, deps=[norm])
+
+    def notes(self) -> list[str]:
+        return [f"FSDP2: {self.m.layers} block units + root; reshard_after_forward={self.f.reshard_after_forward}, "
+                f"forward_prefetch={self.f.forward_prefetch}, backward_prefetch={self.f.backward_prefetch}"]

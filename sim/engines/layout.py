@@ -1,0 +1,101 @@
+"""Rank placement on TP x PP x DP axes, process groups, and the links a group crosses.
+
+Megatron-LM's order (megatron/core/parallel_state.py): tensor-parallel ranks are
+adjacent (inside a node), then data-parallel, then pipeline stages:
+rank = pp_i * (dp * tp) + dp_i * tp + tp_i; node = rank // gpus_per_node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from sim.core.enums import Axis
+
+
+@dataclass(frozen=True, slots=True)
+class Coords:
+    dp: int
+    pp: int
+    tp: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where every rank sits and which ranks form each group."""
+
+    tp: int
+    pp: int
+    dp: int
+    gpus_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.world_size // self.gpus_per_node)
+
+    def rank(self, c: Coords) -> int:
+        return c.pp * self.dp * self.tp + c.dp * self.tp + c.tp
+
+    def coords(self, rank: int) -> Coords:
+        return Coords(dp=rank // self.tp % self.dp, pp=rank // (self.dp * self.tp), tp=rank % self.tp)
+
+    def node(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    @cached_property
+    def _groups(self) -> dict[tuple[Axis, int], tuple[tuple[int, ...], tuple[int, int]]]:
+        return {}
+
+    def group(self, axis: Axis, rank: int) -> tuple[int, ...]:
+        """The ranks of `rank`'s group along `axis`, in axis order (built once per rank and
+        axis: a data-parallel group can hold a million ranks)."""
+        return self._group_and_span(axis, rank)[0]
+
+    def group_span(self, axis: Axis, rank: int) -> tuple[int, int]:
+        """`span` of `rank`'s group along `axis`, computed once."""
+        return self._group_and_span(axis, rank)[1]
+
+    def _group_and_span(self, axis: Axis, rank: int) -> tuple[tuple[int, ...], tuple[int, int]]:
+        key = (axis, rank)
+        if key not in self._groups:
+            members = self._build_group(axis, rank)
+            self._groups[key] = (members, self.span(members))
+        return self._groups[key]
+
+    def _build_group(self, axis: Axis, rank: int) -> tuple[int, ...]:
+        c = self.coords(rank)
+        if axis is Axis.TP:
+            return tuple(self.rank(Coords(c.dp, c.pp, t)) for t in range(self.tp))
+        if axis is Axis.DP:
+            return tuple(self.rank(Coords(d, c.pp, c.tp)) for d in range(self.dp))
+        return tuple(self.rank(Coords(c.dp, p, c.tp)) for p in range(self.pp))
+
+    def groups(self, axis: Axis) -> list[tuple[int, ...]]:
+        """Every group along `axis`, each once, ordered by its first rank."""
+        seen: dict[int, tuple[int, ...]] = {}
+        for r in range(self.world_size):
+            g = self._build_group(axis, r)
+            seen.setdefault(g[0], g)
+        return [seen[k] for k in sorted(seen)]
+
+    def span(self, members: tuple[int, ...]) -> tuple[int, int]:
+        """(nodes the group touches, most members on one node)."""
+        per_node: dict[int, int] = {}
+        for r in members:
+            per_node[self.node(r)] = per_node.get(self.node(r), 0) + 1
+        return len(per_node), max(per_node.values())
+
+    @cached_property
+    def representatives(self) -> tuple[int, ...]:
+        """One rank per equivalence class: TP and DP peers are symmetric, pipeline stages are
+        not, so the class of a rank is its pipeline stage; the representative is the rank
+        with dp = tp = 0 of each stage."""
+        return tuple(self.rank(Coords(0, p, 0)) for p in range(self.pp))
+
+    def class_of(self, rank: int) -> int:
+        """Equivalence class (= pipeline stage) of a rank."""
+        return self.coords(rank).pp

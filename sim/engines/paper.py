@@ -1,0 +1,111 @@
+"""The ZeRO paper's idealised schedules, as the lecture animates them (reference/000
+Secs. 2.2-2.4, 3.1; arXiv 1910.02054 Sec. 7), to compare with the engines as implemented.
+
+The flat parameter vector is cut into dp equal segments, segment k owned by rank k.
+- Stage 0 (plain DP): one all-reduce of all gradients after the last backward.
+- ZeRO-1: one reduce-scatter of all gradients after the last backward; Adam on the own
+  segment; one all-gather of the updated parameters.
+- ZeRO-2: as backward passes a segment's first element, its gradients are reduced to its
+  owner (a reduce per segment, every micro-step); Adam; all-gather after the step.
+- ZeRO-3: before a segment is first used (forward, then again in backward) its owner
+  broadcasts it, one segment ahead; after backward of a segment, a reduce to its owner.
+Volumes per rank: 2 Psi (stages 0-2) and 3 Psi (stage 3), times (N-1)/N.
+"""
+
+from __future__ import annotations
+
+from sim.core.enums import Coll, ZeroStage
+from sim.engines.schedule import Alloc, Mem, Phase, Stream
+from sim.engines.skeleton import Planner, Use
+
+
+class PaperPlanner(Planner):
+    name = "paper"
+
+    def __init__(self, *args: object, **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.stage = self.s.zero_stage
+        self.h = self.elem(self.half)
+        self.seg = self.psi / self.dp
+        starts, acc = [], 0
+        for g in self.granules:
+            starts.append(acc)
+            acc += g.numel
+        self.span = [(a, a + g.numel) for a, g in zip(starts, self.granules)]
+        self.bcast: dict[tuple[int, str, int], int] = {}
+        self.reduced: set[tuple[int, int]] = set()
+        self.last_comm: int | None = None
+
+    def segments_of(self, index: int) -> list[int]:
+        a, b = self.span[index]
+        if b == a:
+            return []
+        return list(range(int(a // self.seg), int(min(self.dp - 1, (b - 1) // self.seg)) + 1))
+
+    # -- ZeRO-3 broadcasts --------------------------------------------------------------------
+    def before_use(self, use: Use) -> list[int | None]:
+        if self.stage < ZeroStage.PARAMETERS:
+            return []
+        phase = "F" if use.what == "F" else "B"
+        segs = self.segments_of(use.index)
+        deps = [self._broadcast(use.micro_step, phase, k) for k in segs]
+        nxt = (max(segs) + 1 if phase == "F" else min(segs) - 1) if segs else None
+        if nxt is not None and 0 <= nxt < self.dp:
+            self._broadcast(use.micro_step, phase, nxt)   # one segment ahead
+        return deps
+
+    def _broadcast(self, ms: int, phase: str, k: int) -> int:
+        """Issued when the compute before the granule that needs it is done (or earlier, ahead)."""
+        key = (ms, phase, k)
+        if key not in self.bcast:
+            self.bcast[key] = self.collective(
+                Stream.ALLGATHER, Coll.BROADCAST, self.h * self.seg, f"broadcast segment {k} from rank {k}",
+                Phase.FWD if phase == "F" else Phase.BWD, ms, deps=[self.b.last(Stream.COMPUTE)],
+                alloc=(Alloc(Mem.PARAMS, f"segment {k}", self.h * self.seg),), purpose="fetch")
+        return self.bcast[key]
+
+    # -- gradient reduction -------------------------------------------------------------------
+    def after_use(self, use: Use, op: int) -> None:
+        if self.stage >= ZeroStage.PARAMETERS:
+            self._release(use, op)
+        if use.what != "B" or self.stage < ZeroStage.GRADIENTS:
+            return
+        a, _ = self.span[use.index]
+        for k in self.segments_of(use.index):
+            if k * self.seg >= a and (use.micro_step, k) not in self.reduced:   # segment complete
+                self.reduced.add((use.micro_step, k))
+                self.last_comm = self.collective(Stream.REDUCE, Coll.REDUCE, self.h * self.seg,
+                                                 f"reduce segment {k} to rank {k}", Phase.BWD, use.micro_step,
+                                                 deps=[op], layer=self.granules[use.index].block, purpose="grad")
+
+    def _release(self, use: Use, op: int) -> None:
+        """Drop a segment after its last granule in this pass."""
+        phase = "F" if use.what == "F" else "B"
+        step = 1 if phase == "F" else -1
+        nxt = use.index + step
+        later = set(self.segments_of(nxt)) if 0 <= nxt < len(self.granules) else set()
+        if use.what == "R":
+            return
+        for k in self.segments_of(use.index):
+            if k not in later and (use.micro_step, phase, k) in self.bcast:
+                self.b.attach(Stream.COMPUTE, op, free=(Alloc(Mem.PARAMS, f"segment {k}", self.h * self.seg),))
+
+    def end_of_backward(self, ms: int) -> None:
+        last = self.b.last(Stream.COMPUTE)
+        if ms == self.boundary and self.stage == ZeroStage.NONE:
+            self.last_comm = self.collective(Stream.REDUCE, Coll.ALL_REDUCE, self.h * self.psi,
+                                             "all-reduce gradients", Phase.BWD, ms, deps=[last], purpose="grad")
+        if ms == self.boundary and self.stage == ZeroStage.OPTIMIZER:
+            self.last_comm = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, self.h * self.psi,
+                                             "reduce-scatter gradients", Phase.BWD, ms, deps=[last], purpose="grad")
+        self.wait_before_next_compute(self.last_comm)
+
+    def optimizer_step(self) -> None:
+        # idealised: no gradient clipping all-reduce
+        self.adam(self.psi / (self.dp if self.stage >= ZeroStage.OPTIMIZER else 1))
+        if self.stage in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
+            self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * self.psi, "all-gather parameters",
+                            Phase.STEP, self.boundary, purpose="post-step")
+
+    def notes(self) -> list[str]:
+        return [f"paper schedule, stage {int(self.stage)}: {self.dp} segments of {self.seg:,.0f} parameters"]

@@ -1,0 +1,303 @@
+"""The forward / backward skeleton every strategy shares, with hooks for its communication.
+
+A micro-step is a sequence of uses of compute granules: forward F(g) in model order, then
+per block in reverse: recompute R(g) (full recomputation, forward order) and backward B(g).
+Backward of a granule is two ops, input gradient then weight gradient; a granule's
+gradients are ready when its weight-gradient op ends. Activations of a block are taken at
+its first forward op and given back at its last backward op (sizes from
+sim.analytic.activations, so the DES and the analytic twin agree). Strategies override
+the hooks to add collectives, copies and their ordering constraints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.analytic import activations as act
+from sim.core.enums import Axis, Coll
+from sim.core.units import BYTES_PER_ELEMENT
+from sim.engines.layout import Layout
+from sim.engines.resident import resident_memory
+from sim.engines.schedule import Alloc, Builder, Kind, Mem, Phase, Schedule, Stream
+from sim.engines.workload import Unit, blocks, units
+from sim.inputs.scenario import Scenario
+
+
+@dataclass(frozen=True, slots=True)
+class Use:
+    """One use of a granule in the trace of a micro-step."""
+
+    what: str            # 'F' forward, 'R' recompute forward, 'B' backward
+    index: int           # granule index
+    micro_step: int
+
+
+class Planner:
+    """Base planner: subclasses choose granules and fill in the hooks."""
+
+    name = "base"
+    per_module = False   # ZeRO-3 plans per module; the others per block
+
+    def __init__(self, s: Scenario, layout: Layout, stage: int = 0, granules: list[Unit] | None = None) -> None:
+        self.s, self.layout, self.stage_index = s, layout, stage
+        self.m, self.t, self.dp = s.model, s.training, layout.dp
+        self.b = Builder()
+        self._pending: list[int] = []
+        self._recv: str | None = None
+        all_units = units(self.m, self.t.seq_len, self.t.micro_batch, layout.tp,
+                          value_bytes=BYTES_PER_ELEMENT[s.training.precision.value])
+        if granules is None:
+            granules = all_units if self.per_module else blocks(all_units)
+        self.granules: list[Unit] = [g for g in granules if self._on_this_stage(g)]
+        self.psi = sum(u.numel for u in self.granules)   # parameters per TP rank
+        self.boundary = self.t.grad_accum - 1
+
+    def _on_this_stage(self, g: Unit) -> bool:
+        """Pipeline stage k holds blocks [k L/pp, (k+1) L/pp); the first also the embedding,
+        the last the final norm and head (Megatron's uniform split)."""
+        pp, per = self.layout.pp, self.m.layers // self.layout.pp
+        if g.block is not None:
+            return g.block // per == self.stage_index
+        first = "embed" in g.name or g.name == "embedding"
+        return self.stage_index == (0 if first else pp - 1)
+
+    # -- sizes -----------------------------------------------------------------------------
+    def elem(self, dtype: str) -> int:
+        return BYTES_PER_ELEMENT[dtype]
+
+    @property
+    def half(self) -> str:
+        """16-bit dtype of mixed precision (fp32 when training in fp32)."""
+        return self.t.precision.value
+
+    def block_activation_bytes(self, recompute: act.Recompute | None = None) -> float:
+        p = self.s.parallel
+        rc = self.t.recompute if recompute is None else recompute
+        per = act.layer_activation_bytes(self.m, self.t.seq_len, self.t.micro_batch, tp=p.tp,
+                                         sequence_parallel=p.sequence_parallel, recompute=rc,
+                                         value_bytes=self.elem(self.half))
+        if rc is act.Recompute.FULL and self.t.partition_activations and not p.sequence_parallel:
+            per /= p.tp
+        return 0.0 if rc is act.Recompute.FULL and self.t.cpu_checkpointing else per
+
+    # -- op helpers ------------------------------------------------------------------------
+    def wait_before_next_compute(self, op_id: int | None) -> None:
+        """A host-side or stream wait: the next compute op may not start before `op_id`."""
+        if op_id is not None:
+            self._pending.append(op_id)
+
+    def compute(self, name: str, phase: Phase, ms: int, flops: float, mem_bytes: float,
+                layer: int | None, deps: list[int | None] | None = None, **kw: object) -> int:
+        deps = [*(deps or []), *self._pending]
+        self._pending = []
+        if self._recv:
+            kw["waits_for"] = (self._recv,)
+            self._recv = None
+        return self.b.add(Stream.COMPUTE, Kind.COMPUTE, name, phase, ms, flops=flops,
+                          mem_bytes=mem_bytes, layer=layer, deps=deps, **kw)
+
+    def collective(self, stream: Stream, coll: Coll, nbytes: float, name: str, phase: Phase,
+                   ms: int, *, axis: Axis = Axis.DP, deps: list[int | None] | None = None,
+                   **kw: object) -> int:
+        deps = list(deps or [])
+        if stream is Stream.COMPUTE:
+            deps += self._pending
+            self._pending = []
+        return self.b.add(stream, Kind.COLLECTIVE, name, phase, ms, coll=coll, axis=axis,
+                          nbytes=nbytes, deps=deps, **kw)
+
+    # -- the skeleton ----------------------------------------------------------------------
+    def trace(self, ms: int) -> list[Use]:
+        """The order in which granules are used in micro-step `ms`: every forward, then block
+        by block from the last (recompute in forward order, then backward in reverse)."""
+        uses = [Use("F", i, ms) for i in range(len(self.granules))]
+        i = len(self.granules) - 1
+        while i >= 0:
+            block = self.granules[i].block
+            j = i
+            while j > 0 and block is not None and self.granules[j - 1].block == block:
+                j -= 1
+            if block is not None and self.t.recompute is act.Recompute.FULL:
+                uses += [Use("R", k, ms) for k in range(j, i + 1)]
+            uses += [Use("B", k, ms) for k in range(i, j - 1, -1)]
+            i = j - 1
+        return uses
+
+    def build(self) -> Schedule:
+        self.resident()
+        for ms, part in self.pipeline_order():
+            uses = self.trace(ms)
+            split = next(i for i, u in enumerate(uses + [Use("B", -1, ms)]) if u.what != "F")
+            if part in ("F", "FB"):
+                self.receive(ms, "F")
+                for use in uses[:split]:
+                    self.emit(use)
+                self.send(ms, "F")
+            if part in ("B", "FB"):
+                self.receive(ms, "B")
+                for use in uses[split:]:
+                    self.emit(use)
+                self.send(ms, "B")
+                self.end_of_backward(ms)
+        self.optimizer_step()
+        return Schedule(self.name, [self.b.cls], self.notes())
+
+    def pipeline_order(self) -> list[tuple[int, str]]:
+        """Micro-batch order of this stage: all of each micro-batch without pipelining; 1F1B
+        (PipeDream-Flush, Narayanan et al. 2021 Sec. 2.2) with it: p - k - 1 warm-up
+        forwards, then one forward and one backward in turn, then the remaining backwards."""
+        m, pp = self.t.grad_accum, self.layout.pp
+        if pp == 1:
+            return [(i, "FB") for i in range(m)]
+        warmup = min(pp - self.stage_index - 1, m)
+        order = [(i, "F") for i in range(warmup)]
+        for i in range(m - warmup):
+            order += [(warmup + i, "F"), (i, "B")]
+        return order + [(i, "B") for i in range(m - warmup, m)]
+
+    def activation_bytes_between_stages(self) -> float:
+        p = self.s.parallel
+        return 2.0 * self.t.seq_len * self.t.micro_batch * self.m.hidden / (p.tp if p.sequence_parallel else 1)
+
+    def receive(self, ms: int, direction: str) -> None:
+        """The next compute op waits for the neighbouring stage's send."""
+        last = self.layout.pp - 1
+        if (direction == "F" and self.stage_index > 0) or (direction == "B" and self.stage_index < last):
+            self._recv = f"{direction}{ms}"
+
+    def send(self, ms: int, direction: str) -> None:
+        last = self.layout.pp - 1
+        if (direction == "F" and self.stage_index < last) or (direction == "B" and self.stage_index > 0):
+            peer = 1 if direction == "F" else -1
+            target = self.stage_index + peer
+            self.b.add(Stream.P2P, Kind.COLLECTIVE, f"send {'activations' if peer > 0 else 'gradients'} "
+                       f"to stage {target}", Phase.FWD if peer > 0 else Phase.BWD, ms, coll=Coll.SEND_RECV,
+                       axis=Axis.PP, nbytes=self.activation_bytes_between_stages(),
+                       deps=[self.b.last(Stream.COMPUTE)], tag=f"{direction}{ms}", peer=peer, purpose="pipeline")
+
+    def emit(self, use: Use) -> None:
+        g = self.granules[use.index]
+        first_of_block = g.block is not None and (use.index == 0 or self.granules[use.index - 1].block != g.block)
+        deps = self.before_use(use)
+        layer = g.block
+        last_of_block = g.block is not None and (use.index == len(self.granules) - 1
+                                                 or self.granules[use.index + 1].block != g.block)
+        if use.what == "F":
+            alloc = ()
+            if first_of_block:
+                alloc = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.block_activation_bytes()),)
+            elif g.block is None and "embed" not in g.name and use.index == len(self.granules) - 1:
+                alloc = (Alloc(Mem.ACTIVATIONS, "activations head", self.head_activation_bytes()),)
+            op = self.compute(f"fwd {g.name}", Phase.FWD, use.micro_step, g.fwd_flops, g.fwd_bytes, layer,
+                              deps, alloc=alloc, elementwise_bytes=self.elementwise(first_of_block, 1))
+            if last_of_block or g.name in ("model.embed_tokens", "embedding"):   # vocab-parallel embedding
+                op = self.tensor_parallel(use, 2 if last_of_block else 1) or op
+        elif use.what == "R":
+            alloc = ()
+            if first_of_block:
+                full = self.block_activation_bytes(act.Recompute.NONE)
+                alloc = (Alloc(Mem.ACTIVATIONS, f"recomputed block {g.block}", full),)
+            op = self.compute(f"recompute {g.name}", Phase.BWD, use.micro_step, g.fwd_flops, g.fwd_bytes,
+                              layer, deps, alloc=alloc, elementwise_bytes=self.elementwise(first_of_block, 1))
+            if last_of_block:
+                op = self.tensor_parallel(use, 2) or op
+        else:
+            extra = g.attention_flops if self.t.recompute is act.Recompute.SELECTIVE else 0.0
+            self.compute(f"bwd-input {g.name}", Phase.BWD, use.micro_step, g.bwd_input_flops + extra,
+                         g.bwd_bytes / 2, layer, deps, elementwise_bytes=self.elementwise(first_of_block, 2))
+            if first_of_block:
+                self.tensor_parallel(use, 2)
+            free = ()
+            if first_of_block:
+                free = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.block_activation_bytes()),)
+                if self.t.recompute is act.Recompute.FULL:
+                    full = self.block_activation_bytes(act.Recompute.NONE)
+                    free += (Alloc(Mem.ACTIVATIONS, f"recomputed block {g.block}", full),)
+            elif g.block is None and use.index == len(self.granules) - 1:
+                free = (Alloc(Mem.ACTIVATIONS, "activations head", self.head_activation_bytes()),)
+            op = self.compute(f"bwd-weight {g.name}", Phase.BWD, use.micro_step, g.bwd_weight_flops,
+                              g.bwd_bytes / 2, layer, free=free)
+        self.after_use(use, op)
+
+    def elementwise(self, first_of_block: bool, passes: int) -> float:
+        """Memory-bound kernel traffic of a block, charged to its first granule: about one
+        read and write of its activations forward, twice that backward (estimate)."""
+        return passes * self.block_activation_bytes(act.Recompute.NONE) if first_of_block else 0.0
+
+    def tensor_parallel(self, use: Use, count: int) -> int | None:
+        """Megatron tensor parallelism (Shoeybi et al. 2019 Sec. 3): per block two
+        all-reduces of s b h forward and two backward (one after attention, one after the
+        MLP; the embedding one forward), on the compute stream, nothing overlapped. With
+        sequence parallelism (Korthikanti et al. Sec. 4.2) each becomes an all-gather plus
+        a reduce-scatter of the same volume."""
+        if self.layout.tp == 1:
+            return None
+        nbytes = self.elem(self.half) * self.t.seq_len * self.t.micro_batch * self.m.hidden
+        phase = Phase.FWD if use.what == "F" else Phase.BWD
+        layer = self.granules[use.index].block
+        last = None
+        for _ in range(count):
+            if self.s.parallel.sequence_parallel:
+                self.collective(Stream.COMPUTE, Coll.ALL_GATHER, nbytes, "TP all-gather", phase, use.micro_step,
+                                axis=Axis.TP, layer=layer, purpose="tensor parallel")
+                last = self.collective(Stream.COMPUTE, Coll.REDUCE_SCATTER, nbytes, "TP reduce-scatter", phase,
+                                       use.micro_step, axis=Axis.TP, layer=layer, purpose="tensor parallel")
+            else:
+                last = self.collective(Stream.COMPUTE, Coll.ALL_REDUCE, nbytes, "TP all-reduce", phase,
+                                       use.micro_step, axis=Axis.TP, layer=layer, purpose="tensor parallel")
+        return last
+
+    def head_activation_bytes(self) -> float:
+        return act.outside_layers_activation_bytes(self.m, self.t.seq_len, self.t.micro_batch,
+                                                   tp=self.s.parallel.tp, value_bytes=self.elem(self.half))
+
+    # -- hooks -----------------------------------------------------------------------------
+    def resident(self) -> None:
+        """Allocations that exist before the step: the model states, from the one source
+        that `zerosim memory` also reads (sim.engines.resident)."""
+        r = resident_memory(self.s, self.stage_index)
+        for a in r.device:
+            self.b.resident(a.category, a.label, a.nbytes)
+        self.b.cls.host.extend(r.host)
+
+    def before_use(self, use: Use) -> list[int | None]:
+        return []
+
+    def after_use(self, use: Use, op: int) -> None:
+        """Called with the id of the use's last compute op."""
+
+    def end_of_backward(self, ms: int) -> None:
+        """After the last backward op of micro-step `ms`."""
+
+    def optimizer_step(self) -> None:
+        """At the accumulation boundary."""
+
+    def notes(self) -> list[str]:
+        return []
+
+    # -- shared pieces ---------------------------------------------------------------------
+    def adam(self, params: float, deps: list[int | None] | None = None,
+             holds: tuple[Alloc, ...] = ()) -> int:
+        """Adam on the GPU over `params` parameters (memory-bound, sim.analytic.opcost);
+        `holds` are temporary buffers live while it runs."""
+        deps = [*(deps or []), *self._pending]
+        self._pending = []
+        return self.b.add(Stream.COMPUTE, Kind.OPTIMIZER, "optimizer step (Adam)", Phase.STEP,
+                          self.boundary, params=params, deps=deps, alloc=holds, free=holds)
+
+    def copy(self, direction: Stream, nbytes: float, name: str, phase: Phase, ms: int,
+             stream: Stream | None = None, **kw: object) -> int:
+        """A PCIe copy, on its own copy stream unless the engine issues it on another."""
+        stream = stream or direction
+        if stream is Stream.COMPUTE:
+            kw["deps"] = [*kw.get("deps", []), *self._pending]  # type: ignore[misc]
+            self._pending = []
+        return self.b.add(stream, Kind.COPY, name, phase, ms, nbytes=nbytes, direction=direction, **kw)
+
+    def grad_norm(self, always: bool = False, nbytes: float = 4.0) -> int | None:
+        """Global gradient norm: one tiny all-reduce (reference 1.1), when clipping, or
+        always where the engine computes it anyway (DeepSpeed ZeRO-1/2/3's step)."""
+        if self.t.gradient_clipping <= 0 and not always:
+            return None
+        return self.collective(Stream.COMPUTE, Coll.ALL_REDUCE, nbytes, "grad-norm all-reduce", Phase.STEP,
+                               self.boundary, purpose="grad norm")

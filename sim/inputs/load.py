@@ -1,0 +1,194 @@
+"""Scenario files (v1, design.md): one model, one cluster, one strategy, one question.
+
+`load_scenario(path)` reads the TOML, resolves the model and cluster, reads a referenced
+ds_config.json, fills batch sizes with DeepSpeed's rule and checks every cross-file
+relation (sim.inputs.scenario_checks). Anything wrong raises `InputError` naming the file,
+the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sim.core import limits as L
+from sim.core.enums import Algorithm, Axis, Engine, Precision, Recompute, ScheduleMode
+from sim.core.errors import InputError
+from sim.core.model import ModelSpec
+from sim.core.specs import ClusterSpec
+from sim.core.units import GB
+from sim.inputs.catalog import resolve
+from sim.inputs.deepspeed_config import read_deepspeed_config, resolve_batch
+from sim.inputs.hardware import cluster_from_table, load_cluster
+from sim.inputs.models import load_model
+from sim.inputs.reading import parse_toml, read_text
+from sim.inputs.scenario import CommConfig, Parallelism, Scenario, Training
+from sim.inputs.scenario_checks import check_scenario
+from sim.inputs.scenario_tables import ddp_from_table, fsdp_from_table, read_training
+from sim.inputs.schema import Key, check_value, read_table
+from sim.inputs.zero_config import zero_from_dict
+
+TOP_KEYS = (
+    Key("model", object), Key("cluster", object), Key("nodes", int, positive=True, maximum=L.MAX_NODES),
+    Key("gpus_per_node", int, required=False, default=None, positive=True, maximum=L.MAX_GPUS_PER_NODE),
+    Key("engine", str, required=False, default=None, choices=tuple(Engine)),
+    Key("deepspeed", str, required=False, default=None),
+    Key("parallel", dict, required=False, default={}),
+    Key("training", dict),
+    Key("zero", dict, required=False, default=None),
+    Key("fsdp", dict, required=False, default=None),
+    Key("ddp", dict, required=False, default=None),
+    Key("schedule", str, required=False, default="implemented", choices=tuple(ScheduleMode)),
+    Key("comm", dict, required=False, default={}),
+)
+COMM_KEYS = (
+    Key("algorithm", str, required=False, default="ring", choices=tuple(Algorithm)),
+    Key("busbw_GBps", dict, required=False, default={}),
+)
+PARALLEL_KEYS = (
+    Key("tp", int, required=False, default=1, positive=True, maximum=L.MAX_WORLD),
+    Key("pp", int, required=False, default=1, positive=True, maximum=L.MAX_WORLD),
+    Key("dp", int, required=False, default=None, positive=True, maximum=L.MAX_WORLD),
+    Key("sequence_parallel", bool, required=False, default=False),
+)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file."""
+    path = Path(path)
+    text = read_text(path)
+    return scenario_from_table(parse_toml(text, path), path, path.stem, _question(text))
+
+
+def scenario_from_table(raw: Mapping[str, Any], source: Path, name: str, question: str = "") -> Scenario:
+    """Build a Scenario from a parsed table; relative paths are relative to `source`."""
+    base = source.parent
+    top = read_table(raw, TOP_KEYS, source)
+    model = _model(top["model"], base, source)
+    cluster = _cluster(top["cluster"], base, source)
+    gpn = top["gpus_per_node"] or cluster.gpus_per_node
+    if gpn > cluster.gpus_per_node:
+        raise InputError(source, "gpus_per_node", f"{gpn} > the cluster's {cluster.gpus_per_node} "
+                         f"({cluster.name}); allowed: 1..{cluster.gpus_per_node}")
+    if top["nodes"] * gpn > L.MAX_WORLD:
+        raise InputError(source, "nodes", f"{top['nodes']} nodes x {gpn} GPUs = {top['nodes'] * gpn:,} GPUs; "
+                         f"allowed: at most {L.MAX_WORLD:,} GPUs")
+    parallel = _parallel(top["parallel"], top["nodes"] * gpn, source)
+    engine = _engine(top, source)
+    ds = None
+    if top["deepspeed"] is not None:
+        ds_path = resolve(top["deepspeed"], "scenarios", base, source, "deepspeed")
+        ds = read_deepspeed_config(ds_path, hidden=model.hidden)
+    training = _training(top["training"], ds, parallel.dp, engine, source)
+    zero = None
+    if engine is Engine.DEEPSPEED:
+        zero = ds.zero if ds else zero_from_dict(top["zero"] or {}, source, "zero.", hidden=model.hidden)
+    scenario = Scenario(
+        name=name, path=source, question=question, model=model, cluster=cluster,
+        nodes=top["nodes"], gpus_per_node=gpn, parallel=parallel, training=training,
+        engine=engine, zero=zero,
+        fsdp=fsdp_from_table(top["fsdp"] or {}, source) if engine is Engine.FSDP2 else None,
+        ddp=ddp_from_table(top["ddp"] or {}, source) if engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY) else None,
+        schedule_mode=ScheduleMode(top["schedule"]), comm=_comm(top["comm"], source))
+    check_scenario(scenario, source)
+    return scenario
+
+
+def _comm(raw: Mapping[str, Any], source: Path) -> CommConfig:
+    v = read_table(raw, COMM_KEYS, source, "comm.")
+    busbw = []
+    for axis, value in v["busbw"].items():
+        if axis not in tuple(Axis):
+            raise InputError(source, f"comm.busbw_GBps.{axis}", f"unknown group axis; allowed: "
+                             f"{', '.join(Axis)}")
+        rate = check_value(value, Key(axis, float, positive=True), source, f"comm.busbw_GBps.{axis}")
+        busbw.append((Axis(axis), rate * GB))
+    return CommConfig(algorithm=Algorithm(v["algorithm"]), busbw=tuple(sorted(busbw)))
+
+
+def _question(text: str) -> str:
+    """The opening comment lines of a scenario file: the question it answers."""
+    question = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        question.append(line.lstrip("#").strip())
+    return " ".join(q for q in question if q)
+
+
+def _model(ref: Any, base: Path, source: Path) -> ModelSpec:
+    return load_model(ref, base, source, "model")
+
+
+def _cluster(ref: Any, base: Path, source: Path) -> ClusterSpec:
+    if isinstance(ref, Mapping):
+        return cluster_from_table(ref, source, base, "cluster.")
+    if not isinstance(ref, str):
+        raise InputError(source, "cluster", "expected a cluster catalog name, a path or a [cluster] table")
+    return load_cluster(resolve(ref, "hardware", base, source, "cluster"))
+
+
+def _parallel(raw: Mapping[str, Any], world: int, source: Path) -> Parallelism:
+    v = read_table(raw, PARALLEL_KEYS, source, "parallel.")
+    tp, pp = v["tp"], v["pp"]
+    dp = v["dp"]
+    if dp is None:
+        if world % (tp * pp):
+            raise InputError(source, "parallel", f"world size {world} (nodes x gpus_per_node) is not "
+                             f"divisible by tp ({tp}) * pp ({pp}) = {tp * pp}")
+        dp = world // (tp * pp)
+    if tp * pp * dp != world:
+        raise InputError(source, "parallel", f"tp ({tp}) * pp ({pp}) * dp ({dp}) = {tp * pp * dp} "
+                         f"!= nodes x gpus_per_node = {world}")
+    return Parallelism(tp=tp, pp=pp, dp=dp, sequence_parallel=v["sequence_parallel"])
+
+
+def _engine(top: Mapping[str, Any], source: Path) -> Engine:
+    """Explicit `engine`, else deepspeed for [zero] / deepspeed =, fsdp2 for [fsdp], else ddp."""
+    has_ds = top["zero"] is not None or top["deepspeed"] is not None
+    if top["zero"] is not None and top["deepspeed"] is not None:
+        raise InputError(source, "zero", "give either [zero] or deepspeed = \"ds_config.json\", not both")
+    if has_ds and top["fsdp"] is not None:
+        raise InputError(source, "fsdp", "[fsdp] and DeepSpeed ZeRO settings exclude each other")
+    implied = Engine.DEEPSPEED if has_ds else Engine.FSDP2 if top["fsdp"] is not None else Engine.DDP
+    engine = Engine(top["engine"]) if top["engine"] else implied
+    if engine is Engine.DEEPSPEED:
+        ok = top["fsdp"] is None and top["ddp"] is None
+    elif engine is Engine.FSDP2:
+        ok = not has_ds and top["ddp"] is None
+    else:
+        ok = not has_ds and top["fsdp"] is None
+    if not ok:
+        raise InputError(source, "engine", f"engine '{engine}' does not match the [zero] / deepspeed / "
+                         "[fsdp] / [ddp] settings given")
+    return engine
+
+
+def _training(raw: Mapping[str, Any], ds: Any, dp: int, engine: Engine, source: Path) -> Training:
+    """[training] merged with a ds_config (conflicts are errors), batch filled DeepSpeed's way."""
+    t = read_training(raw, source, have_deepspeed=ds is not None)
+    names = {key: (source, f"training.{key}") for key in ("global_batch", "micro_batch", "grad_accum")}
+    if ds is not None:
+        for key, ds_key, value in (("global_batch", "train_batch_size", ds.train_batch_size),
+                                   ("micro_batch", "train_micro_batch_size_per_gpu", ds.micro_batch),
+                                   ("grad_accum", "gradient_accumulation_steps", ds.grad_accum),
+                                   ("precision", "fp16/bf16", ds.precision)):
+            if t[key] is not None and value is not None and t[key] != value:
+                raise InputError(source, f"training.{key}", f"{t[key]!r} disagrees with the "
+                                 f"DeepSpeed config's {ds_key} ({value!r})")
+            if t[key] is None:
+                t[key] = value
+                if key in names and value is not None:
+                    names[key] = (ds.path, ds_key)
+    global_batch, micro, accum = resolve_batch(
+        t["global_batch"], t["micro_batch"], t["grad_accum"], dp,
+        (names["global_batch"], names["micro_batch"], names["grad_accum"]))
+    clipping = t["gradient_clipping"]
+    if clipping is None:  # DeepSpeed's code default is 1.0 (PR #8068); torch clips only if asked
+        clipping = ds.gradient_clipping if ds else (1.0 if engine is Engine.DEEPSPEED else 0.0)
+    return Training(seq_len=t["seq_len"], micro_batch=micro, grad_accum=accum,
+                    global_batch=global_batch, precision=Precision(t["precision"]),
+                    recompute=Recompute(t["recompute"]), gradient_clipping=clipping,
+                    partition_activations=t["partition_activations"] or bool(ds and ds.partition_activations),
+                    cpu_checkpointing=bool(ds and ds.cpu_checkpointing))

@@ -1,0 +1,96 @@
+"""The Scenario: everything one simulation needs, validated and frozen (design.md, data flow).
+
+Built by sim.inputs.load from a scenario file (and the model, cluster and ds_config files it
+names); read by every layer above.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.core.enums import Algorithm, Axis, Engine, Precision, Recompute, ScheduleMode, ZeroStage
+from sim.core.model import ModelSpec
+from sim.core.specs import ClusterSpec
+from sim.inputs.scenario_tables import DdpConfig, FsdpConfig
+from sim.inputs.zero_config import ZeroConfig
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommConfig:
+    """[comm]: the collective algorithm and optional bus-bandwidth overrides per group axis
+    (bytes/s; the SimAI-style busbw table, design.md fidelity rules)."""
+
+    algorithm: Algorithm = Algorithm.RING
+    busbw: tuple[tuple[Axis, float], ...] = ()
+
+    def override(self, axis: Axis | None) -> float | None:
+        return dict(self.busbw).get(axis) if axis is not None else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parallelism:
+    """Degrees of the three parallel axes; tp * pp * dp = world size."""
+
+    tp: int
+    pp: int
+    dp: int
+    sequence_parallel: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Training:
+    """Batch, precision and recomputation of one optimizer step."""
+
+    seq_len: int
+    micro_batch: int
+    grad_accum: int
+    global_batch: int            # sequences per optimizer step, whole job
+    precision: Precision
+    recompute: Recompute
+    gradient_clipping: float     # 0 = off; on costs one small all-reduce per step
+    partition_activations: bool  # ZeRO-R P_a (DeepSpeed activation_checkpointing)
+    cpu_checkpointing: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """Everything one simulation needs, validated."""
+
+    name: str
+    path: Path | None
+    question: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    nodes: int
+    gpus_per_node: int
+    parallel: Parallelism
+    training: Training
+    engine: Engine
+    zero: ZeroConfig | None   # set for engine 'deepspeed'
+    fsdp: FsdpConfig | None   # set for engine 'fsdp2'
+    ddp: DdpConfig | None     # set for 'ddp' and 'ddp-zero-redundancy'
+    schedule_mode: ScheduleMode = ScheduleMode.IMPLEMENTED
+    comm: CommConfig = CommConfig()
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def zero_stage(self) -> ZeroStage:
+        """The ZeRO stage the engine amounts to (FSDP2 with resharding = 3, without = 2;
+        ZeroRedundancyOptimizer = 1; DDP = 0)."""
+        if self.zero is not None:
+            return self.zero.stage
+        if self.fsdp is not None:
+            return ZeroStage.PARAMETERS if self.fsdp.reshard_after_forward else ZeroStage.GRADIENTS
+        if self.engine is Engine.DDP_ZERO_REDUNDANCY:
+            return ZeroStage.OPTIMIZER
+        return ZeroStage.NONE
+
+

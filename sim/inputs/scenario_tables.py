@@ -1,0 +1,108 @@
+"""The [training], [fsdp] and [ddp] tables of a scenario file."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.core import limits as L
+from sim.core.enums import Recompute
+from sim.core.errors import InputError
+from sim.core.units import MB
+from sim.inputs.schema import NOT_SIMULATED_YET, Key, check_value, read_table
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+TRAINING_KEYS = (
+    Key("seq_len", int, positive=True, maximum=L.MAX_SEQ_LEN),
+    Key("micro_batch", int, required=False, default=None, positive=True, maximum=L.MAX_MICRO_BATCH),
+    Key("global_batch", int, required=False, default=None, positive=True, maximum=L.MAX_BATCH),
+    Key("grad_accum", int, required=False, default=None, positive=True, maximum=L.MAX_BATCH),
+    Key("precision", str, required=False, default=None, choices=PRECISIONS),
+    Key("recompute", str, required=False, default="none", choices=tuple(Recompute)),
+    Key("gradient_clipping", float, required=False, default=None, non_negative=True),
+    Key("partition_activations", bool, required=False, default=False),
+)
+
+
+def read_training(raw: Mapping[str, Any], source: Path, *, have_deepspeed: bool) -> dict[str, Any]:
+    """Checked [training] values; precision is required unless a ds_config gives it."""
+    t = read_table(raw, TRAINING_KEYS, source, "training.")
+    if t["precision"] is None and not have_deepspeed:
+        raise InputError(source, "training.precision", "missing required key; allowed: "
+                         + ", ".join(PRECISIONS))
+    return t
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FsdpConfig:
+    """FSDP2 `fully_shard` per transformer block and on the root
+    (torch/distributed/fsdp/_fully_shard/_fully_shard.py).
+
+    reshard_after_forward: True frees a block's parameters after forward (ZeRO-3-like),
+    False keeps them until backward (ZeRO-2-like); an int k (resharding to k-way groups)
+    is not simulated yet. reshard_root: the root's own `reshard_after_forward`; None is
+    torch's default, which keeps the root unsharded after forward; True reshards it, so
+    backward begins by gathering the root again. forward_prefetch / backward_prefetch:
+    blocks gathered ahead (default 1 each: implicit CPU run-ahead forward,
+    `_backward_prefetch` of one unit backward).
+    """
+
+    reshard_after_forward: bool = True
+    reshard_root: bool | None = None
+    forward_prefetch: int = 1
+    backward_prefetch: int = 1
+    param_dtype: str | None = None    # None: the training precision
+    reduce_dtype: str | None = None   # None: param_dtype
+    cpu_offload: bool = False
+
+
+FSDP_KEYS = (
+    Key("reshard_after_forward", object, required=False, default=True),
+    Key("reshard_root", bool, required=False, default=None),
+    Key("forward_prefetch", int, required=False, default=1, non_negative=True),
+    Key("backward_prefetch", int, required=False, default=1, non_negative=True),
+    Key("param_dtype", str, required=False, default=None, choices=PRECISIONS),
+    Key("reduce_dtype", str, required=False, default=None, choices=PRECISIONS),
+    Key("cpu_offload", bool, required=False, default=False),
+    Key("replicate_degree", int, required=False, default=1, positive=True, not_simulated=True),
+)
+
+
+def fsdp_from_table(raw: Mapping[str, Any], source: Path) -> FsdpConfig:
+    """[fsdp]; HSDP (`replicate_degree` > 1) and int `reshard_after_forward` are refused as
+    not simulated yet."""
+    v = read_table(raw, FSDP_KEYS, source, "fsdp.")
+    reshard = v.pop("reshard_after_forward")
+    if not isinstance(reshard, bool):
+        check_value(reshard, Key("reshard_after_forward", int, positive=True), source,
+                    "fsdp.reshard_after_forward")
+        raise InputError(source, "fsdp.reshard_after_forward", f"an int ({reshard}, resharding to "
+                         f"{reshard}-way groups): {NOT_SIMULATED_YET}; allowed: true, false")
+    del v["replicate_degree"]
+    return FsdpConfig(reshard_after_forward=reshard, **v)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DdpConfig:
+    """torch DistributedDataParallel; `bucket_cap` in bytes (default 25 MB, first bucket
+    1 MB as in torch). `broadcast_buffers` (torch's default True): rank 0's module buffers
+    are broadcast before a forward that follows a synchronised one (distributed.py
+    `_pre_forward` / `will_sync_module_buffers`). `parameters_as_bucket_view` is
+    ZeroRedundancyOptimizer's flag (only its default is simulated)."""
+
+    bucket_cap: float = 25 * MB
+    broadcast_buffers: bool = True
+
+
+DDP_KEYS = (
+    Key("bucket_cap_MB", float, required=False, default=25.0 * MB, positive=True),
+    Key("broadcast_buffers", bool, required=False, default=True),
+    Key("parameters_as_bucket_view", bool, required=False, default=False, not_simulated=True),
+)
+
+
+def ddp_from_table(raw: Mapping[str, Any], source: Path) -> DdpConfig:
+    v = read_table(raw, DDP_KEYS, source, "ddp.")
+    return DdpConfig(bucket_cap=v["bucket_cap"], broadcast_buffers=v["broadcast_buffers"])

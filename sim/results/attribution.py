@@ -1,0 +1,67 @@
+"""StepResult: what one simulated step cost, where the time went, what memory it took.
+
+Every moment of the step on the representative rank's compute stream is attributed to
+exactly one cause, so compute + exposed communication + exposed offload + bubble +
+optimizer = step time: a compute-stream op's own duration (compute, optimizer, or a
+collective / copy issued on the compute stream), or the wait before an op, blamed on the
+dependency that ended last (a collective, a copy or the CPU optimizer), or the tail after
+the last compute op, blamed on the op that ended the step.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sim.core.enums import Coll
+from sim.engines.schedule import Kind, Op, Stream
+
+
+@dataclass
+class TimeBreakdown:
+    compute_s: float = 0.0
+    exposed_comm_s: float = 0.0
+    exposed_offload_s: float = 0.0
+    bubble_s: float = 0.0
+    optimizer_s: float = 0.0
+    exposed_by_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    exposed_by_layer: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def blame(self, op: Op, seconds: float) -> None:
+        """Attribute `seconds` of the compute stream to `op`."""
+        if seconds <= 0:
+            return
+        if op.kind is Kind.COMPUTE:
+            self.compute_s += seconds
+        elif op.kind is Kind.OPTIMIZER:
+            self.optimizer_s += seconds
+        elif op.kind in (Kind.COPY, Kind.CPU_OPTIMIZER):
+            self.exposed_offload_s += seconds
+        elif op.coll is Coll.SEND_RECV:
+            self.bubble_s += seconds
+        else:
+            self.exposed_comm_s += seconds
+            self.exposed_by_kind[f"{op.coll} ({op.purpose})" if op.purpose else str(op.coll)] += seconds
+            self.exposed_by_layer["-" if op.layer is None else str(op.layer)] += seconds
+
+    @property
+    def total(self) -> float:
+        return self.compute_s + self.exposed_comm_s + self.exposed_offload_s + self.bubble_s + self.optimizer_s
+
+
+def attribute(spans: list, step_start: float, step_end: float,  # type: ignore[type-arg]
+              serial: bool = False) -> TimeBreakdown:
+    """Walk one rank's spans of one step and attribute its compute-stream timeline (every
+    op when the rank ran serially)."""
+    out = TimeBreakdown()
+    compute = sorted((s for s in spans if serial or s.op.stream is Stream.COMPUTE), key=lambda s: (s.start, s.op.id))
+    for s in compute:
+        if s.start > s.ready:
+            assert s.blocker is not None
+            out.blame(s.blocker, s.start - s.ready)
+        out.blame(s.op, s.end - s.start)
+    tail_from = compute[-1].end if compute else step_start
+    if step_end > tail_from:
+        last = max(spans, key=lambda s: (s.end, s.op.id))
+        out.blame(last.op, step_end - tail_from)
+    return out

@@ -1,0 +1,145 @@
+"""DES vs the analytic twin, side by side (`zerosim check`): bytes per collective kind,
+step time against its bounds, peak memory against the model states.
+
+Bounds: with every op's cost taken in isolation (sim.analytic.opcost), the step can be no
+shorter than the busiest stream's work and no longer than all the work done one op at a
+time (the serial schedule, which the DES reproduces exactly when asked to serialise).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from sim.analytic import opcost
+from sim.analytic.memory import model_state_bytes
+from sim.analytic.placement import rank_tensors
+from sim.analytic.volumes import (
+    add,
+    ddp_engine_volume,
+    deepspeed_volume,
+    fsdp2_volume,
+    paper_volume,
+    pipeline_volume,
+    tensor_parallel_volume,
+)
+from sim.core.enums import Engine, ScheduleMode, ZeroStage
+from sim.core.model import module_buffers
+from sim.core.units import BYTES_PER_ELEMENT
+from sim.des.engine import local_time
+from sim.engines.schedule import Kind, Op
+from sim.inputs.scenario import Scenario
+
+
+def expected_volume(s: Scenario) -> dict[str, float]:
+    """The analytic twin's bytes per rank per step by collective kind, on pipeline stage 0."""
+    p, t = s.parallel, s.training
+    shape = dict(seq_len=t.seq_len, micro_batch=t.micro_batch, hidden=s.model.hidden, grad_accum=t.grad_accum)
+    blocks = s.model.layers // p.pp
+    tp = tensor_parallel_volume(blocks, True, p.tp, elem=BYTES_PER_ELEMENT[t.precision.value],
+                                sequence_parallel=p.sequence_parallel, full_recompute=t.recompute.value == "full",
+                                **shape)
+    pipe = pipeline_volume(0, p.pp, tp=p.tp, sequence_parallel=p.sequence_parallel, **shape)
+    return add(data_parallel_volume(s), tp, pipe)
+
+
+def data_parallel_volume(s: Scenario) -> dict[str, float]:
+    t, dp, m = s.training, s.parallel.dp, s.model
+    tensors = rank_tensors(m, s.parallel.tp, s.parallel.pp, 0)
+    psi = sum(n for n, _ in tensors)
+    half = BYTES_PER_ELEMENT[t.precision.value]
+    clipping = t.gradient_clipping > 0
+    if s.schedule_mode is ScheduleMode.PAPER:
+        return paper_volume(m, dp, int(s.zero_stage), grad_accum=t.grad_accum, elem=half)
+    if s.engine is Engine.FSDP2:
+        f = s.fsdp
+        assert f is not None
+        p = BYTES_PER_ELEMENT[f.param_dtype or t.precision.value]
+        r = BYTES_PER_ELEMENT[f.reduce_dtype or f.param_dtype or t.precision.value]
+        return fsdp2_volume(m, dp, grad_accum=t.grad_accum, param_bytes=p, reduce_bytes=r,
+                            reshard_after_forward=bool(f.reshard_after_forward), clipping=clipping)
+    if s.engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY):
+        assert s.ddp is not None
+        buffers = sum(b.numel * b.element_bytes for b in module_buffers(m)) if s.ddp.broadcast_buffers else 0.0
+        return ddp_engine_volume(psi, dp, zero_redundancy=s.engine is Engine.DDP_ZERO_REDUNDANCY, clipping=clipping,
+                                 buffer_bytes=buffers)
+    z = s.zero
+    assert z is not None
+    return deepspeed_volume(tensors, dp, int(z.stage), grad_accum=t.grad_accum, elem=half, clipping=clipping,
+                            persistence_threshold=z.param_persistence_threshold,
+                            multi_rank_allreduce=not (z.reduce_scatter and not z.use_multi_rank_bucket_allreduce),
+                            full_recompute=t.recompute.value == "full", fp16=t.precision.value == "fp16")
+
+
+def op_cost(op: Op, s: Scenario, layout: Any) -> float:
+    """Closed-form duration of one op with nothing else running."""
+    cluster = s.cluster
+    alone = local_time(op, s)
+    if alone is not None:
+        return alone
+    if op.kind is Kind.COPY:
+        return cluster.host.pcie.latency + op.nbytes / opcost.pcie_bandwidth(cluster)
+    assert op.axis is not None and op.coll is not None
+    members = layout.group(op.axis, layout.representatives[0])
+    nodes, per_node = layout.group_span(op.axis, layout.representatives[0])
+    phases = opcost.collective_phases(op.coll, op.nbytes, opcost.GroupShape(len(members), nodes, per_node),
+                                      cluster, s.comm.algorithm)
+    return opcost.isolated_time(phases, cluster, s.comm.override(op.axis))
+
+
+@dataclass(frozen=True)
+class Bounds:
+    busiest_stream_s: float   # lower bound
+    serial_s: float           # upper bound
+    by_stream: dict[str, float]
+
+
+def step_bounds(result: Any) -> Bounds:
+    """Lower bound: the busiest stream of any rank class; upper bound: every op of every
+    class one after another (with pipeline stages, the stages' work in sequence)."""
+    per_stream: dict[tuple[int, str], float] = defaultdict(float)
+    for cls in range(len(result.schedule.classes)):
+        for op in result.schedule.ops(cls):
+            per_stream[(cls, op.stream.value)] += op_cost(op, result.scenario, result.layout)
+    first = {stream: v for (cls, stream), v in per_stream.items() if cls == 0}
+    return Bounds(max(per_stream.values()), sum(per_stream.values()), first)
+
+
+def check_rows(result: Any) -> list[tuple[str, float, float, str]]:
+    """(quantity, DES, analytic, relation) rows for one simulated scenario."""
+    from sim.simulate import volume_by_kind
+    s = result.scenario
+    rows = []
+    des = volume_by_kind(result)
+    exp = expected_volume(s)
+    for kind in sorted(set(des) | set(exp)):
+        rows.append((f"bytes/rank {kind}", des.get(kind, 0.0), exp.get(kind, 0.0), _relation(s, kind)))
+    b = step_bounds(result)
+    rows.append(("step time >= busiest stream (s)", result.step_time_s, b.busiest_stream_s, ">="))
+    rows.append(("step time <= serial sum (s)", result.step_time_s, b.serial_s, "<="))
+    stage = ZeroStage(int(s.zero_stage))
+    p = s.parallel
+    psi = max(sum(n for n, _ in rank_tensors(s.model, p.tp, p.pp, k)) for k in range(p.pp))
+    states = model_state_bytes(psi, p.dp, stage).total
+    rows.append(("peak memory >= model states, paper (GB)", result.peak_pool().peak / 1e9, states / 1e9, ">="))
+    return rows
+
+
+def _relation(s: Scenario, kind: str) -> str:
+    """ZeRO-3 keeps a module gathered when it reappears within max_reuse_distance, or when
+    prefetch passed over its next use (partitioned_param_coordinator.py): unless both are
+    off, the closed form (every module gathered for every use) is an upper bound."""
+    z = s.zero
+    keeps = (z is not None and z.stage == ZeroStage.PARAMETERS
+             and (z.max_reuse_distance > 0 or z.prefetch_bucket_size > 0))
+    return "<=" if keeps and kind == "all_gather" and s.schedule_mode is ScheduleMode.IMPLEMENTED else "=="
+
+
+def holds(des: float, analytic: float, relation: str, rel: float = 1e-9) -> bool:
+    tol = rel * max(abs(des), abs(analytic), 1e-30)
+    if relation == "==":
+        return abs(des - analytic) <= tol
+    if relation == ">=":
+        return des >= analytic - tol
+    return des <= analytic + tol

@@ -1,0 +1,139 @@
+"""Measurements one process makes: gloo collectives and sustained compute (run on every rank
+of a `spawn`ed process group by `zerosim calibrate`), and one device (GEMM efficiency by
+shape, host-device copies, CPU Adam: `zerosim calibrate --device`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import time
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+SIZES = tuple(2**10 * 4**i for i in range(9))          # 1 KiB ... 64 MiB
+
+
+def _quiet() -> None:
+    """torch 2.13 calls all_gather_into_tensor / reduce_scatter_tensor deprecated; we measure them anyway."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def _timed(fn: Any, reps: int) -> float:
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_collectives(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Median seconds per (op, size) on this many ranks."""
+    _quiet()
+    out = {}
+    for size in cfg.get("sizes", SIZES):
+        n = size // 4
+        reps = cfg.get("reps", 5) if size <= 2**22 else 3
+        buf, shard = torch.ones(n), torch.ones(max(1, n // world))
+        gathered = torch.empty(shard.numel() * world)
+        calls = {"all_reduce": lambda: dist.all_reduce(buf),
+                 "all_gather": lambda: dist.all_gather_into_tensor(gathered, shard),
+                 "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, gathered),
+                 "broadcast": lambda: dist.broadcast(buf, src=0)}
+        for op in OPS:
+            out[(op, size)] = _timed(calls[op], reps)
+    return {"times": out}
+
+
+def _sustained(fn: Any, work: float, seconds: float = 0.6) -> float:
+    """Work per second while every process runs `fn` back to back (CPU contention included)."""
+    fn()
+    dist.barrier()
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        fn()
+        done += 1
+    return done * work / (time.perf_counter() - start)
+
+
+def measure_compute(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    """GEMM FLOP/s on the given shapes, memory bytes/s, and the cost of a tiny kernel, with
+    every process busy at once (so the numbers include the contention of the real runs)."""
+    gemms = [(torch.randn(t, i), torch.randn(i, o)) for t, i, o in cfg["gemm_shapes"]]
+    flops = sum(2.0 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in gemms)
+    gemm_rate = _sustained(lambda: [a @ b for a, b in gemms], flops)
+    x, y = torch.randn(2**22), torch.randn(2**22)
+    memory = _sustained(lambda: torch.add(x, y), 3 * 4 * 2**22)
+    tiny = torch.randn(8, 8)
+    overhead = 1.0 / _sustained(lambda: tiny @ tiny, 1.0, 0.2)
+    return {"gemm_flops": gemm_rate, "memory_bandwidth": memory, "kernel_overhead": overhead}
+
+
+def _synced(fn: Any, device: str, reps: int = 10) -> float:
+    """Median seconds of fn() on `device`, synchronising a CUDA device around each call."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    for _ in range(3):
+        fn()
+    sync()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_device(device: str, shapes: list[tuple[int, int, int]], peak_flops: float | None, *,
+                   adam_params: int = 2**24, deepspeed_adam: bool = True) -> dict[str, Any]:
+    """One process on one device: GEMM throughput (and efficiency against `peak_flops`) by
+    shape, host-device copy bandwidth pinned and pageable (CUDA only), and CPU Adam
+    throughput on `adam_params` fp32 parameters (torch's, and with `deepspeed_adam`
+    DeepSpeedCPUAdam's when deepspeed is installed).
+
+    DeepSpeedCPUAdam is a C++ op that DeepSpeed builds just in time on first use: about a
+    minute on 2 cores the first time (then ~3 s to load); the rest takes about a second on
+    the default sizes. A stale build lock (sim.validate.build_locks) would hang that build,
+    so it is refused first."""
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    gemm = []
+    for tokens, inp, out in shapes:
+        a = torch.randn(tokens, inp, device=device, dtype=dtype)
+        b = torch.randn(inp, out, device=device, dtype=dtype)
+        rate = 2.0 * tokens * inp * out / _synced(lambda: a @ b, device)
+        gemm.append({"shape": [tokens, inp, out], "flops": rate,
+                     "efficiency": rate / peak_flops if peak_flops else None})
+    copies = {}
+    if device.startswith("cuda"):
+        n = 2**26
+        gpu = torch.empty(n, device=device)
+        for pinned in (True, False):
+            host = torch.empty(n, pin_memory=pinned)
+            name = "pinned" if pinned else "pageable"
+            copies[f"h2d_{name}"] = 4 * n / _synced(lambda: gpu.copy_(host, non_blocking=pinned), device)
+            copies[f"d2h_{name}"] = 4 * n / _synced(lambda: host.copy_(gpu, non_blocking=pinned), device)
+    adam: dict[str, Any] = {}
+    params = torch.nn.Parameter(torch.randn(adam_params))
+    params.grad = torch.randn(adam_params)
+    torch_adam = torch.optim.Adam([params], lr=1e-3)
+    adam["torch_adam_params_per_s"] = adam_params / _synced(torch_adam.step, "cpu", 5)
+    if not deepspeed_adam:
+        adam["deepspeed_cpu_adam"] = "not measured: not asked for"
+        return {"device": device, "gemm": gemm, "copies": copies, "adam": adam}
+    if importlib.util.find_spec("deepspeed") is not None:
+        from sim.validate.build_locks import check_build_locks
+        check_build_locks()
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        ds_adam = DeepSpeedCPUAdam([params], lr=1e-3)
+        adam["deepspeed_cpu_adam_params_per_s"] = adam_params / _synced(ds_adam.step, "cpu", 5)
+    except Exception as error:  # not installed, or its C++ extension cannot build here
+        adam["deepspeed_cpu_adam"] = f"not measured: {type(error).__name__}"
+    return {"device": device, "gemm": gemm, "copies": copies, "adam": adam}
