@@ -12,7 +12,7 @@ import argparse
 import time
 from pathlib import Path
 
-from sim.des.engine import Mode
+from sim.des.engine import Mode, events_scheduled
 from sim.inputs.load import scenario_from_table
 from sim.simulate import simulate
 
@@ -30,7 +30,7 @@ def measure(mode: Mode, micro_steps: int) -> None:
     start = time.perf_counter()
     r = simulate(s, mode=mode)
     wall = time.perf_counter() - start
-    events, ops = r.engine.env.processed, len(r.engine.spans)
+    events, ops = events_scheduled(r.engine.env), len(r.engine.spans)
     print(f"{mode.value:15s} ranks {len(r.engine.ranks):4d}  ops {ops:9,d}  events {events:10,d}  "
           f"wall {wall:7.2f} s  {events / wall:10,.0f} events/s  simulated step {r.step_time_s:.3f} s  "
           f"MFU {100 * r.to_json()['mfu']:.1f}%")

@@ -13,6 +13,7 @@ from typing import Any
 
 from sim.analytic.compute import step_flops
 from sim.analytic.opcost import wire_bytes_per_rank
+from sim.core.perf import paused_gc
 from sim.des.engine import EventEngine, Mode
 from sim.engines.layout import Layout
 from sim.engines.plan import check_work, layout_of, plan
@@ -116,7 +117,8 @@ def simulate(s: Scenario, *, steps: int = 1, mode: Mode = Mode.REPRESENTATIVE,
     """Plan and simulate `steps` optimizer steps; report the last one. `serial` runs each
     rank's ops one at a time in issue order (no overlap: the cross-check's identity case)."""
     check_work(s, steps=steps, full=mode is Mode.FULL)
-    schedule = plan(s)
+    with paused_gc():
+        schedule = plan(s)
     layout = layout_of(s)
     engine = EventEngine(s, schedule, layout, mode, serial)
     engine.run(steps)

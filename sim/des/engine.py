@@ -19,6 +19,8 @@ import simpy
 
 from sim.analytic import opcost
 from sim.core.enums import Coll
+from sim.core.perf import paused_gc
+from sim.des.class_plan import ClassPlan
 from sim.des.memory_pool import MemoryPool
 from sim.des.network import FlowNetwork
 from sim.engines.layout import Layout
@@ -39,19 +41,15 @@ class Mode(StrEnum):
     FULL = "full"
 
 
-class CountingEnvironment(simpy.Environment):
-    """A SimPy environment that counts the events it processes (for the benchmark)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.processed = 0
-
-    def step(self) -> None:
-        self.processed += 1
-        super().step()
+def events_scheduled(env: simpy.Environment) -> int:
+    """How many events `env` has scheduled so far (for the benchmark): SimPy numbers every
+    event it queues from one counter (simpy/core.py `Environment.schedule`); reading it
+    takes one number, which is harmless. Counting in an overridden `step` would cost a
+    Python call per event."""
+    return next(env._eid)  # type: ignore[attr-defined]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Span:
     """One executed op: when it was ready, when it started and ended, what held it up."""
 
@@ -71,7 +69,7 @@ class EventEngine:
     layout: Layout
     mode: Mode = Mode.REPRESENTATIVE
     serial: bool = False        # run every op of a rank one at a time, in issue order
-    env: CountingEnvironment = field(default_factory=CountingEnvironment)
+    env: simpy.Environment = field(default_factory=simpy.Environment)
     spans: list[Span] = field(default_factory=list)
     step_bounds: list[tuple[float, float]] = field(default_factory=list)
 
@@ -86,6 +84,7 @@ class EventEngine:
             capacity[(r, Stream.H2D)] = capacity[(r, Stream.D2H)] = opcost.pcie_bandwidth(cluster)
         self.network = FlowNetwork(self.env, capacity)
         self.pools = {r: MemoryPool(r, cluster.gpu.memory) for r in self.ranks}
+        self._class = {r: self.layout.class_of(r) for r in self.ranks}
         self._meetings: dict[tuple[Any, ...], list[Any]] = {}
         self._sends: dict[tuple[int, str, int], list[Any]] = {}   # (step, tag, receiver) -> [event, op]
 
@@ -96,48 +95,81 @@ class EventEngine:
         for r in self.ranks:
             for alloc in self.schedule.classes[self.layout.class_of(r)].resident:
                 self.pools[r].allocate(alloc, 0.0)
+        plans = [ClassPlan.of(cls, self.scenario, local_time=local_time, fuse=not self.serial)
+                 for cls in self.schedule.classes]
+        with paused_gc():
+            self._run_steps(steps, plans)
+
+    def _run_steps(self, steps: int, plans: list[ClassPlan]) -> None:
         for step in range(steps):
             self.spans.clear()     # only the last step's records are kept: memory bounded by one step
             start = self.env.now
-            done: dict[int, dict[int, simpy.Event]] = {}
-            ends: dict[int, dict[int, float]] = {}
             procs = []
             for r in self.ranks:
                 cls = self.schedule.classes[self.layout.class_of(r)]
-                done[r] = {op.id: self.env.event() for op in cls.ops()}
-                ends[r] = {}
+                plan = plans[self.layout.class_of(r)]
+                done = {op_id: self.env.event() for op_id in plan.awaited}
+                ends: dict[int, float] = {}
                 lanes = [sorted(cls.ops(), key=lambda o: o.id)] if self.serial else list(cls.streams.values())
                 for ops in lanes:
-                    procs.append(self.env.process(self._stream(r, step, ops, done[r], ends[r])))
+                    procs.append(self.env.process(self._stream(r, step, ops, plan, done, ends)))
             self.env.run(until=self.env.all_of(procs))
             self.step_bounds.append((start, self.env.now))
 
-    def _stream(self, rank: int, step: int, ops: list[Op], done: dict[int, simpy.Event],
+    def _stream(self, rank: int, step: int, ops: list[Op], plan: ClassPlan, done: dict[int, simpy.Event],
                 ends: dict[int, float]) -> Generator[simpy.Event, Any, None]:
-        pool = self.pools[rank]
-        for op in ops:
-            ready = self.env.now
+        """One stream of one rank, op after op. An op whose dependencies have all ended
+        starts without a SimPy event, only ops that others wait for get one, and ops that
+        follow their predecessor unconditionally (ClassPlan.follows) run in its step."""
+        pool, env, spans, duration, follows = self.pools[rank], self.env, self.spans, plan.duration, plan.follows
+        i, n = 0, len(ops)
+        while i < n:
+            op = ops[i]
+            ready = env.now
             if op.deps:
-                yield self.env.all_of([done[d] for d in op.deps])
-            local_end = self.env.now
-            for tag in op.waits_for:     # a pipeline send from the neighbouring stage
-                yield self._send_slot(step, tag, rank)[0]
+                waiting = [done[d] for d in op.deps if d not in ends]
+                if len(waiting) == 1:
+                    yield waiting[0]
+                elif waiting:
+                    yield env.all_of(waiting)
             blocker = None
-            if self.env.now > local_end:
-                blocker = max((self._send_slot(step, t, rank) for t in op.waits_for),
-                              key=lambda slot: (slot[2], slot[1].id))[1]
-            elif self.env.now > ready:
-                last = max(op.deps, key=lambda d: (ends[d], d))
-                blocker = self._op(rank, last)
-            start = self.env.now
+            if op.waits_for:
+                local_end = env.now
+                for tag in op.waits_for:     # a pipeline send from the neighbouring stage
+                    yield self._send_slot(step, tag, rank)[0]
+                if env.now > local_end:
+                    blocker = max((self._send_slot(step, t, rank) for t in op.waits_for),
+                                  key=lambda slot: (slot[2], slot[1].id))[1]
+            start = env.now
+            if blocker is None and start > ready:
+                blocker = self._op(rank, max(op.deps, key=lambda d: (ends[d], d)))
             for alloc in op.alloc:
                 pool.allocate(alloc, start)
-            yield from self._execute(rank, step, op)
+            alone = duration[op.id]
+            if alone is None:
+                yield from self._execute(rank, step, op)
+                end = env.now
+            elif i + 1 < n and ops[i + 1].id in follows:
+                end = start + alone
+                while i + 1 < n and ops[i + 1].id in follows:   # runs on without a SimPy step
+                    spans.append(Span(rank, step, op, ready, start, end, blocker))
+                    ends[op.id] = end
+                    i += 1
+                    op, ready, start, blocker = ops[i], end, end, None
+                    end = start + duration[op.id]  # type: ignore[operator]
+                yield env.timeout(end - env.now)
+                end = env.now
+            else:
+                yield env.timeout(alone)
+                end = env.now
             for alloc in op.free:
-                pool.free(alloc, self.env.now)
-            ends[op.id] = self.env.now
-            self.spans.append(Span(rank, step, op, ready, start, self.env.now, blocker))
-            done[op.id].succeed()
+                pool.free(alloc, end)
+            ends[op.id] = end
+            spans.append(Span(rank, step, op, ready, start, end, blocker))
+            event = done.get(op.id)
+            if event is not None:
+                event.succeed()
+            i += 1
 
     def _send_slot(self, step: int, tag: str, receiver: int) -> list[Any]:
         """[event, sending op, time] of a pipeline send, created by whichever side comes first."""
@@ -158,14 +190,12 @@ class EventEngine:
         slot[0].succeed()
 
     def _op(self, rank: int, op_id: int) -> Op:
-        return self.schedule.ops_by_id(self.layout.class_of(rank))[op_id]
+        return self.schedule.ops_by_id(self._class[rank])[op_id]
 
     def _execute(self, rank: int, step: int, op: Op) -> Generator[simpy.Event, Any, None]:
+        """An op that uses shared links: a pipeline send, a PCIe copy or a collective."""
         cluster = self.scenario.cluster
-        alone = local_time(op, self.scenario)
-        if alone is not None:
-            yield self.env.timeout(alone)
-        elif op.tag:
+        if op.tag:
             yield from self._send(rank, step, op)
         elif op.kind is Kind.COPY:
             yield self.env.timeout(cluster.host.pcie.latency)
@@ -177,15 +207,18 @@ class EventEngine:
         assert op.axis is not None and op.coll is not None
         members = self.layout.group(op.axis, rank)
         if self.mode is Mode.REPRESENTATIVE:
-            yield self.env.process(self._run_collective(op, rank, (rank,)))
+            yield from self._run_collective(op, rank, (rank,))
             return
-        key = (step, op.id, members)
-        meeting = self._meetings.setdefault(key, [0, self.env.event()])
+        key = (step, op.id, members[0])       # a group is named by its first member
+        meeting = self._meetings.get(key)
+        if meeting is None:
+            meeting = self._meetings[key] = [0, self.env.event()]
         meeting[0] += 1
-        if meeting[0] == len(members):
-            del self._meetings[key]
-            self.env.process(self._run_collective(op, rank, members, meeting[1]))
-        yield meeting[1]
+        if meeting[0] < len(members):
+            yield meeting[1]
+            return
+        del self._meetings[key]      # the last member to arrive runs it for all of them
+        yield from self._run_collective(op, rank, members, meeting[1])
 
     def _run_collective(self, op: Op, rank: int, simulated: tuple[int, ...],
                         done: simpy.Event | None = None) -> Generator[simpy.Event, Any, None]:

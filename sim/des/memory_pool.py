@@ -34,11 +34,14 @@ class MemoryPool:
         self._changed(now, None)
 
     def _changed(self, now: float, cause: Alloc | None) -> None:
-        self.total = sum(self.used.values())
-        if self.timeline and self.timeline[-1][0] == now:
-            self.timeline[-1] = (now, self.total)
+        used = self.used
+        self.total = (used[Mem.PARAMS] + used[Mem.GRADS] + used[Mem.OPTIMIZER] + used[Mem.ACTIVATIONS]
+                      + used[Mem.BUFFERS])          # in Mem's order, as sum() over the dict adds them
+        timeline = self.timeline
+        if timeline and timeline[-1][0] == now:
+            timeline[-1] = (now, self.total)
         else:
-            self.timeline.append((now, self.total))
+            timeline.append((now, self.total))
         if self.total > self.peak:
             self.peak, self.peak_time = self.total, now
             self.peak_breakdown = dict(self.used)

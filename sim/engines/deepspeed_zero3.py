@@ -61,7 +61,9 @@ class Zero3Planner(Planner):
         self._in_backward = False
 
     def _owner_index(self, name: str) -> int:
-        return next(i for i, g in enumerate(self.granules) if g.name == name)
+        if not hasattr(self, "_index_of"):
+            self._index_of = {g.name: i for i, g in reversed(list(enumerate(self.granules)))}
+        return self._index_of[name]
 
     def _persistent_tensors(self) -> set[tuple[str, int]]:
         """ds_persist: numel <= param_persistence_threshold, until model_persistence_threshold."""
