@@ -15,9 +15,10 @@ from sim.analytic.compute import step_flops
 from sim.analytic.opcost import wire_bytes_per_rank
 from sim.core.perf import paused_gc
 from sim.des.engine import EventEngine, Mode
+from sim.des.memory_pool import MemoryPool
 from sim.engines.layout import Layout
 from sim.engines.plan import check_work, layout_of, plan
-from sim.engines.schedule import Kind, Mem, Schedule
+from sim.engines.schedule import Collective, Mem, Schedule, Send
 from sim.inputs.scenario import Scenario
 from sim.results.attribution import TimeBreakdown, attribute
 
@@ -55,16 +56,15 @@ class SimulationResult:
         return max(sum(per_class[layout.class_of(r)] for r in range(node * gpn, min((node + 1) * gpn, layout.world_size)))
                    for node in range(layout.nodes))
 
-    def peak_pool(self):  # type: ignore[no-untyped-def]
+    def peak_pool(self) -> MemoryPool:
         return max(self.engine.pools.values(), key=lambda p: (p.peak, -p.rank))
 
     def comm_table(self) -> list[dict[str, Any]]:
         """Collectives of one optimizer step on the representative rank, by kind and group."""
         rows: dict[tuple[str, str], dict[str, Any]] = {}
         for op in self.schedule.ops(0):
-            if op.kind is not Kind.COLLECTIVE:
+            if not isinstance(op, Collective | Send):
                 continue
-            assert op.axis is not None and op.coll is not None
             n = len(self.layout.group(op.axis, self.layout.representatives[0]))
             row = rows.setdefault((op.coll.value, op.axis.value), {
                 "op": op.coll.value, "group": op.axis.value, "group_size": n, "count": 0,

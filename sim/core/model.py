@@ -10,7 +10,7 @@ transformer block, and both pad per tensor (reference/engines-and-costmodels.md 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 
@@ -83,12 +83,25 @@ class TensorSpec:
         return math.prod(self.shape)
 
 
+class Role(StrEnum):
+    """What a module is in the model, from its place in the structure (never from its name)."""
+
+    TOKEN_EMBEDDING = "token embedding"
+    POSITION_EMBEDDING = "position embedding"
+    BLOCK = "block"              # inside a transformer block
+    FINAL_NORM = "final norm"
+    HEAD = "head"                # the lm_head (or the tied head that reuses the embedding)
+
+
 @dataclass(frozen=True, slots=True)
 class ModuleSpec:
     """A module that directly owns parameters (a DeepSpeed ZeRO-3 fetch unit).
 
     `block` is the transformer layer index, or None for embeddings, final norm and head.
-    `expert` is the expert index inside an MoE layer, else None.
+    `expert` is the expert index inside an MoE layer, else None. `container` is the
+    attention, MLP or MoE module that holds it inside its block ("" for a block's norms and
+    for modules outside the blocks); `feeds_attention` marks the projection whose output
+    the attention core reads last (v_proj, GPT-2's fused c_attn).
     """
 
     name: str
@@ -96,6 +109,9 @@ class ModuleSpec:
     block: int | None
     tensors: tuple[TensorSpec, ...]
     expert: int | None = None
+    role: Role = Role.BLOCK
+    container: str = ""
+    feeds_attention: bool = False
 
     @property
     def numel(self) -> int:
@@ -104,14 +120,14 @@ class ModuleSpec:
 
 def module_tree(m: ModelSpec) -> list[ModuleSpec]:
     """Every parameter-owning module in forward order (the lm_head last)."""
-    mods = [_embedding("model.embed_tokens", m.vocab, m.hidden)]
+    mods = [_embedding("model.embed_tokens", m.vocab, m.hidden, Role.TOKEN_EMBEDDING)]
     if m.position is Position.LEARNED:
-        mods.append(_embedding("model.embed_positions", m.max_positions, m.hidden))
+        mods.append(_embedding("model.embed_positions", m.max_positions, m.hidden, Role.POSITION_EMBEDDING))
     for i in range(m.layers):
         mods += _block(m, i)
-    mods.append(_norm("model.norm", m, None))
+    mods.append(replace(_norm("model.norm", m, None), role=Role.FINAL_NORM))
     if not m.tied_embeddings:
-        mods.append(_linear("lm_head", m.vocab, m.hidden, bias=False, block=None))
+        mods.append(replace(_linear("lm_head", m.vocab, m.hidden, bias=False, block=None), role=Role.HEAD))
     return mods
 
 
@@ -120,22 +136,25 @@ def _block(m: ModelSpec, i: int) -> list[ModuleSpec]:
     every = m.bias is Bias.ALL
     mods = [_norm(f"{p}.input_layernorm", m, i)]
     if m.family is Family.GPT2:
-        mods.append(_linear(f"{p}.attn.c_attn", m.q_dim + 2 * m.kv_dim, m.hidden, every, i,
-                            conv1d=True))
-        mods.append(_linear(f"{p}.attn.c_proj", m.hidden, m.q_dim, every, i, conv1d=True))
+        attn = f"{p}.attn"
+        mods.append(replace(_linear(f"{attn}.c_attn", m.q_dim + 2 * m.kv_dim, m.hidden, every, i, conv1d=True),
+                            container=attn, feeds_attention=True))
+        mods.append(replace(_linear(f"{attn}.c_proj", m.hidden, m.q_dim, every, i, conv1d=True), container=attn))
     else:
+        attn = f"{p}.self_attn"
         qkv_bias = m.bias is not Bias.NONE
-        mods.append(_linear(f"{p}.self_attn.q_proj", m.q_dim, m.hidden, qkv_bias, i))
-        mods.append(_linear(f"{p}.self_attn.k_proj", m.kv_dim, m.hidden, qkv_bias, i))
-        mods.append(_linear(f"{p}.self_attn.v_proj", m.kv_dim, m.hidden, qkv_bias, i))
-        mods.append(_linear(f"{p}.self_attn.o_proj", m.hidden, m.q_dim, every, i))
+        for proj, out in (("q_proj", m.q_dim), ("k_proj", m.kv_dim), ("v_proj", m.kv_dim)):
+            mods.append(replace(_linear(f"{attn}.{proj}", out, m.hidden, qkv_bias, i), container=attn,
+                                feeds_attention=proj == "v_proj"))
+        mods.append(replace(_linear(f"{attn}.o_proj", m.hidden, m.q_dim, every, i), container=attn))
     mods.append(_norm(f"{p}.post_attention_layernorm", m, i))
     if m.experts > 1:
-        mods.append(_linear(f"{p}.block_sparse_moe.gate", m.experts, m.hidden, False, i))
+        moe = f"{p}.block_sparse_moe"
+        mods.append(replace(_linear(f"{moe}.gate", m.experts, m.hidden, False, i), container=moe))
         for e in range(m.experts):
-            mods += _mlp(m, f"{p}.block_sparse_moe.experts.{e}", i, e)
+            mods += [replace(mod, container=moe) for mod in _mlp(m, f"{moe}.experts.{e}", i, e)]
     else:
-        mods += _mlp(m, f"{p}.mlp", i, None)
+        mods += [replace(mod, container=f"{p}.mlp") for mod in _mlp(m, f"{p}.mlp", i, None)]
     return mods
 
 
@@ -154,8 +173,8 @@ def _mlp(m: ModelSpec, p: str, i: int, expert: int | None) -> list[ModuleSpec]:
     return [_linear(f"{p}.{n}", out, inp, every, i, expert, conv1d) for n, out, inp in names]
 
 
-def _embedding(name: str, rows: int, hidden: int) -> ModuleSpec:
-    return ModuleSpec(name, "embedding", None, (TensorSpec(f"{name}.weight", (rows, hidden)),))
+def _embedding(name: str, rows: int, hidden: int, role: Role) -> ModuleSpec:
+    return ModuleSpec(name, "embedding", None, (TensorSpec(f"{name}.weight", (rows, hidden)),), role=role)
 
 
 def _linear(name: str, out: int, inp: int, bias: bool, block: int | None,

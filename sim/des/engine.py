@@ -18,22 +18,45 @@ from typing import Any
 import simpy
 
 from sim.analytic import opcost
-from sim.core.enums import Coll
 from sim.core.perf import paused_gc
 from sim.des.class_plan import ClassPlan
 from sim.des.memory_pool import MemoryPool
 from sim.des.network import FlowNetwork
 from sim.engines.layout import Layout
-from sim.engines.schedule import Kind, Op, Schedule, Stream
+from sim.engines.schedule import (
+    AnyOp,
+    Collective,
+    Compute,
+    Copy,
+    CpuStep,
+    GpuOptimizer,
+    PipeTag,
+    Schedule,
+    Send,
+    Stream,
+)
 from sim.inputs.scenario import Scenario
 
 
-def local_time(op: Op, s: Scenario) -> float | None:
-    """Duration of an op that shares no link (sim.analytic.opcost.device_op_time)."""
-    return opcost.device_op_time(op.kind.value, flops=op.flops, mem_bytes=op.mem_bytes,
-                                 elementwise_bytes=op.elementwise_bytes, params=op.params,
-                                 precision=s.training.precision.value, cluster=s.cluster,
-                                 ranks_per_node=s.gpus_per_node)
+def local_time(op: AnyOp, s: Scenario) -> float | None:
+    """Duration of an op that shares no link (sim.analytic.opcost), None for the others."""
+    common = {"precision": s.training.precision.value, "cluster": s.cluster, "ranks_per_node": s.gpus_per_node}
+    if isinstance(op, Compute):
+        return opcost.device_op_time("compute", flops=op.flops, mem_bytes=op.mem_bytes,
+                                     elementwise_bytes=op.elementwise_bytes, params=0.0, **common)
+    if isinstance(op, GpuOptimizer | CpuStep):
+        return opcost.device_op_time(op.kind.value, flops=0.0, mem_bytes=0.0, elementwise_bytes=0.0,
+                                     params=op.params, **common)
+    return None
+
+
+@dataclass(slots=True)
+class SendSlot:
+    """A pipeline send met by its receiver: created by whichever side comes first."""
+
+    arrived: simpy.Event
+    op: Send | None = None
+    time: float = 0.0
 
 
 class Mode(StrEnum):
@@ -55,11 +78,19 @@ class Span:
 
     rank: int
     step: int
-    op: Op
+    op: AnyOp
     ready: float
     start: float
     end: float
-    blocker: Op | None     # the dependency that ended last, when the op had to wait for it
+    blocker: AnyOp | None     # the dependency that ended last, when the op had to wait for it
+
+
+@dataclass(slots=True)
+class Meeting:
+    """Full mode: the members of a group that have reached a collective so far."""
+
+    done: simpy.Event
+    arrived: int = 0
 
 
 @dataclass
@@ -85,8 +116,8 @@ class EventEngine:
         self.network = FlowNetwork(self.env, capacity)
         self.pools = {r: MemoryPool(r, cluster.gpu.memory) for r in self.ranks}
         self._class = {r: self.layout.class_of(r) for r in self.ranks}
-        self._meetings: dict[tuple[Any, ...], list[Any]] = {}
-        self._sends: dict[tuple[int, str, int], list[Any]] = {}   # (step, tag, receiver) -> [event, op]
+        self._meetings: dict[tuple[int, int, int], Meeting] = {}        # (step, op, first member)
+        self._sends: dict[tuple[int, PipeTag, int], SendSlot] = {}     # (step, tag, receiver)
 
     # -- running ---------------------------------------------------------------------------
     def run(self, steps: int = 1) -> None:
@@ -116,7 +147,7 @@ class EventEngine:
             self.env.run(until=self.env.all_of(procs))
             self.step_bounds.append((start, self.env.now))
 
-    def _stream(self, rank: int, step: int, ops: list[Op], plan: ClassPlan, done: dict[int, simpy.Event],
+    def _stream(self, rank: int, step: int, ops: list[AnyOp], plan: ClassPlan, done: dict[int, simpy.Event],
                 ends: dict[int, float]) -> Generator[simpy.Event, Any, None]:
         """One stream of one rank, op after op. An op whose dependencies have all ended
         starts without a SimPy event, only ops that others wait for get one, and ops that
@@ -136,10 +167,11 @@ class EventEngine:
             if op.waits_for:
                 local_end = env.now
                 for tag in op.waits_for:     # a pipeline send from the neighbouring stage
-                    yield self._send_slot(step, tag, rank)[0]
+                    yield self._send_slot(step, tag, rank).arrived
                 if env.now > local_end:
-                    blocker = max((self._send_slot(step, t, rank) for t in op.waits_for),
-                                  key=lambda slot: (slot[2], slot[1].id))[1]
+                    slot = max((self._send_slot(step, t, rank) for t in op.waits_for),
+                               key=lambda slot: (slot.time, slot.op.id if slot.op else -1))
+                    blocker = slot.op
             start = env.now
             if blocker is None and start > ready:
                 blocker = self._op(rank, max(op.deps, key=lambda d: (ends[d], d)))
@@ -171,40 +203,43 @@ class EventEngine:
                 event.succeed()
             i += 1
 
-    def _send_slot(self, step: int, tag: str, receiver: int) -> list[Any]:
-        """[event, sending op, time] of a pipeline send, created by whichever side comes first."""
-        return self._sends.setdefault((step, tag, receiver), [self.env.event(), None, 0.0])
+    def _send_slot(self, step: int, tag: PipeTag, receiver: int) -> SendSlot:
+        key = (step, tag, receiver)
+        slot = self._sends.get(key)
+        if slot is None:
+            slot = self._sends[key] = SendSlot(self.env.event())
+        return slot
 
-    def _send(self, rank: int, step: int, op: Op) -> Generator[simpy.Event, Any, None]:
+    def _send(self, rank: int, step: int, op: Send) -> Generator[simpy.Event, Any, None]:
         """A pipeline send: the activation (or its gradient) crosses to the neighbouring stage."""
         c = self.layout.coords(rank)
         receiver = self.layout.rank(type(c)(c.dp, c.pp + op.peer, c.tp))
         nodes, per_node = self.layout.span((rank, receiver))
-        for phase in opcost.collective_phases(op.coll or Coll.SEND_RECV, op.nbytes,
-                                              opcost.GroupShape(2, nodes, per_node), self.scenario.cluster):
+        for phase in opcost.collective_phases(op.coll, op.nbytes, opcost.GroupShape(2, nodes, per_node),
+                                              self.scenario.cluster):
             yield self.env.timeout(phase.latency)
             links = [((rank, link), mult) for link, mult in phase.links if (rank, link) in self.network.capacity]
             yield self.network.transfer(phase.bus_bytes, links, self.scenario.comm.override(op.axis))
         slot = self._send_slot(step, op.tag, receiver)
-        slot[1], slot[2] = op, self.env.now
-        slot[0].succeed()
+        slot.op, slot.time = op, self.env.now
+        slot.arrived.succeed()
 
-    def _op(self, rank: int, op_id: int) -> Op:
+    def _op(self, rank: int, op_id: int) -> AnyOp:
         return self.schedule.ops_by_id(self._class[rank])[op_id]
 
-    def _execute(self, rank: int, step: int, op: Op) -> Generator[simpy.Event, Any, None]:
+    def _execute(self, rank: int, step: int, op: AnyOp) -> Generator[simpy.Event, Any, None]:
         """An op that uses shared links: a pipeline send, a PCIe copy or a collective."""
-        cluster = self.scenario.cluster
-        if op.tag:
+        if isinstance(op, Send):
             yield from self._send(rank, step, op)
-        elif op.kind is Kind.COPY:
-            yield self.env.timeout(cluster.host.pcie.latency)
-            yield self.network.transfer(op.nbytes, [((rank, op.direction or op.stream), 1.0)])
-        else:
+        elif isinstance(op, Copy):
+            yield self.env.timeout(self.scenario.cluster.host.pcie.latency)
+            yield self.network.transfer(op.nbytes, [((rank, op.direction), 1.0)])
+        elif isinstance(op, Collective):
             yield from self._collective(rank, step, op)
+        else:
+            raise TypeError(f"{op.name}: {type(op).__name__} has a duration of its own (local_time)")
 
-    def _collective(self, rank: int, step: int, op: Op) -> Generator[simpy.Event, Any, None]:
-        assert op.axis is not None and op.coll is not None
+    def _collective(self, rank: int, step: int, op: Collective) -> Generator[simpy.Event, Any, None]:
         members = self.layout.group(op.axis, rank)
         if self.mode is Mode.REPRESENTATIVE:
             yield from self._run_collective(op, rank, (rank,))
@@ -212,23 +247,21 @@ class EventEngine:
         key = (step, op.id, members[0])       # a group is named by its first member
         meeting = self._meetings.get(key)
         if meeting is None:
-            meeting = self._meetings[key] = [0, self.env.event()]
-        meeting[0] += 1
-        if meeting[0] < len(members):
-            yield meeting[1]
+            meeting = self._meetings[key] = Meeting(self.env.event())
+        meeting.arrived += 1
+        if meeting.arrived < len(members):
+            yield meeting.done
             return
         del self._meetings[key]      # the last member to arrive runs it for all of them
-        yield from self._run_collective(op, rank, members, meeting[1])
+        yield from self._run_collective(op, rank, members, meeting.done)
 
-    def _run_collective(self, op: Op, rank: int, simulated: tuple[int, ...],
+    def _run_collective(self, op: Collective, rank: int, simulated: tuple[int, ...],
                         done: simpy.Event | None = None) -> Generator[simpy.Event, Any, None]:
         """Latency, then the bus bytes as one flow over the ports of the simulated members
         of `rank`'s group."""
-        assert op.axis is not None
         nodes, per_node = self.layout.group_span(op.axis, rank)
         shape = opcost.GroupShape(len(self.layout.group(op.axis, rank)), nodes, per_node)
         override = self.scenario.comm.override(op.axis)
-        assert op.coll is not None
         for phase in opcost.collective_phases(op.coll, op.nbytes, shape, self.scenario.cluster,
                                               self.scenario.comm.algorithm):
             yield self.env.timeout(phase.latency)

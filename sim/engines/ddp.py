@@ -15,8 +15,10 @@ from __future__ import annotations
 from sim.core.enums import Coll, Engine
 from sim.core.model import module_buffers
 from sim.engines.buckets import DdpBucket
-from sim.engines.schedule import Phase, Stream
-from sim.engines.skeleton import Planner, Use
+from sim.engines.layout import Layout
+from sim.engines.schedule import OpRef, Phase, Stream
+from sim.engines.skeleton import B, F, Planner, Use
+from sim.inputs.scenario import Scenario
 
 
 def greedy_partition(numels: list[int], ranks: int) -> list[list[int]]:
@@ -35,14 +37,14 @@ class DdpPlanner(Planner):
     name = "ddp"
     per_module = True   # gradient hooks fire per parameter, as each module's backward ends
 
-    def __init__(self, *args: object, **kw: object) -> None:
-        super().__init__(*args, **kw)  # type: ignore[arg-type]
+    def __init__(self, s: Scenario, layout: Layout, stage: int = 0) -> None:
+        super().__init__(s, layout, stage)
         self.grad_bytes = 4  # autocast keeps fp32 gradients
         self.zero1 = self.s.engine is Engine.DDP_ZERO_REDUNDANCY
         assert self.s.ddp is not None
         self.bucket = DdpBucket(self.s.ddp.bucket_cap, self.grad_bytes)
         self.broadcast = self.s.ddp.broadcast_buffers
-        self.reductions: list[int] = []
+        self.reductions: list[OpRef] = []
         self.tensors = [t for g in self.granules for t in g.tensors]
         self.owned = greedy_partition(self.tensors, self.dp) if self.zero1 else []
 
@@ -51,25 +53,25 @@ class DdpPlanner(Planner):
             return float(self.psi)
         return float(max(sum(self.tensors[i] for i in own) for own in self.owned))
 
-    def before_use(self, use: Use) -> list[int | None]:
+    def before_use(self, use: Use) -> list[OpRef | None]:
         """`broadcast_buffers`: DDP's pre-forward broadcasts rank 0's module buffers, coalesced
         (`_broadcast_coalesced`, 250 MiB buckets), when the previous forward ran with gradient
         sync (`require_forward_param_sync`, initially true): under `no_sync` accumulation that
         is the first micro-step of every optimizer step."""
         buffers = sum(b.numel * b.element_bytes for b in module_buffers(self.m))
-        if use.what != "F" or use.index != 0 or use.micro_step != 0 or not self.broadcast or not buffers:
+        if use.what is not F or use.index != 0 or use.micro_step != 0 or not self.broadcast or not buffers:
             return []
         return [self.collective(Stream.COMPUTE, Coll.BROADCAST, buffers, "DDP buffer broadcast", Phase.FWD,
                                 0, purpose="buffers")]
 
-    def after_use(self, use: Use, op: int) -> None:
-        if use.what != "B" or use.micro_step != self.boundary:
+    def after_use(self, use: Use, op: OpRef) -> None:
+        if use.what is not B or use.micro_step != self.boundary:
             return
         for numel in reversed(self.granules[use.index].tensors):
             for size in self.bucket.add(numel):
                 self._all_reduce(size, op, use)
 
-    def _all_reduce(self, elements: int, op: int, use: Use) -> None:
+    def _all_reduce(self, elements: int, op: OpRef, use: Use) -> None:
         self.reductions.append(self.collective(
             Stream.REDUCE, Coll.ALL_REDUCE, elements * self.grad_bytes, "DDP bucket all-reduce",
             Phase.BWD, use.micro_step, deps=[op], layer=self.granules[use.index].block,
@@ -92,7 +94,7 @@ class DdpPlanner(Planner):
             return
         # _sync_params: for each rank in turn, a broadcast of every tensor it owns, in the order
         # they were assigned (largest first); all async, then waited.
-        last = None
+        last: OpRef | None = None
         for owner, owned in enumerate(self.owned):
             for idx in owned:
                 last = self.collective(Stream.REDUCE, Coll.BROADCAST, self.tensors[idx] * 4.0,

@@ -23,8 +23,10 @@ from __future__ import annotations
 from sim.analytic.comm import flat_padded
 from sim.core.enums import Coll, ZeroStage
 from sim.engines.buckets import DeepSpeedBucket
-from sim.engines.schedule import Alloc, Kind, Mem, Phase, Stream
-from sim.engines.skeleton import Planner, Use
+from sim.engines.layout import Layout
+from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Stream
+from sim.engines.skeleton import B, Planner, Use
+from sim.inputs.scenario import Scenario
 
 STAGE0_BUCKET = 500_000_000  # MEMORY_OPT_ALLREDUCE_SIZE (deepspeed/runtime/constants.py)
 
@@ -33,16 +35,16 @@ class Zero12Planner(Planner):
     name = "deepspeed-zero12"
     per_module = True   # gradient hooks fire per parameter, as each module's backward ends
 
-    def __init__(self, *args: object, **kw: object) -> None:
-        super().__init__(*args, **kw)  # type: ignore[arg-type]
+    def __init__(self, s: Scenario, layout: Layout, stage: int = 0) -> None:
+        super().__init__(s, layout, stage)
         assert self.s.zero is not None
         self.z = self.s.zero
         self.stage = self.z.stage
         self.offload = self.z.offload_optimizer.enabled
         self.comm_bytes = self.elem(self.half)
         self.bucket = DeepSpeedBucket(STAGE0_BUCKET if self.stage == 0 else self.z.reduce_bucket_size)
-        self.in_flight: int | None = None   # the last bucket reduction launched (overlap_comm)
-        self.offload_copies: list[int] = []
+        self.in_flight: OpRef | None = None   # the last bucket reduction launched (overlap_comm)
+        self.offload_copies: list[OpRef] = []
         self.padded = flat_padded(self.psi, self.dp)
 
     def name_of_stage(self) -> str:
@@ -55,8 +57,8 @@ class Zero12Planner(Planner):
     def in_hooks(self) -> bool:
         return self.stage == ZeroStage.GRADIENTS or (self.stage == ZeroStage.OPTIMIZER and self.z.overlap_comm)
 
-    def after_use(self, use: Use, op: int) -> None:
-        if use.what != "B" or not self.in_hooks() or not self.reduces_now(use.micro_step):
+    def after_use(self, use: Use, op: OpRef) -> None:
+        if use.what is not B or not self.in_hooks() or not self.reduces_now(use.micro_step):
             return
         g = self.granules[use.index]
         for numel in reversed(g.tensors):
@@ -78,14 +80,14 @@ class Zero12Planner(Planner):
         self.b.host_sync(self.offload_copies[-1] if self.offload_copies else None)
         self.in_flight = None
 
-    def reduce_bucket(self, elements: int, ms: int, producer: int | None, layer: int | None) -> None:
+    def reduce_bucket(self, elements: int, ms: int, producer: OpRef | None, layer: int | None) -> None:
         overlap = self.z.overlap_comm and self.stage > 0
         stream = Stream.REDUCE if overlap else Stream.COMPUTE
         nbytes = elements * self.comm_bytes
         if overlap:
             self.wait_before_next_compute(self.in_flight)   # compute waits for bucket k-1
+        last: OpRef | None = None
         if self.stage > 0 and self.z.reduce_scatter and not self.z.use_multi_rank_bucket_allreduce:
-            last = None
             for _dst in range(self.dp):
                 last = self.collective(stream, Coll.REDUCE, nbytes / self.dp, "bucket reduce to owner",
                                        Phase.BWD, ms, deps=[producer], layer=layer, purpose="grad bucket")
@@ -111,8 +113,7 @@ class Zero12Planner(Planner):
         shard = self.padded / n
         fp32_grads = Alloc(Mem.OPTIMIZER, "fp32 gradient partition", 4.0 * shard)
         if self.offload:
-            cpu = self.b.add(Stream.CPU, Kind.CPU_OPTIMIZER, "CPU-Adam", Phase.STEP, self.boundary,
-                             params=shard, deps=[norm, *self.offload_copies])
+            cpu = self.b.cpu_step("CPU-Adam", self.boundary, params=shard, deps=[norm, *self.offload_copies])
             up = self.copy(Stream.H2D, shard * self.elem(self.half), "H2D 16-bit partition", Phase.STEP,
                            self.boundary, deps=[cpu])
             self.wait_before_next_compute(up)

@@ -20,54 +20,70 @@ the persistent parameters; no other parameter gather follows the step.
 from __future__ import annotations
 
 from collections import deque
+from functools import cached_property
+from typing import NamedTuple
 
 from sim.analytic.comm import tensor_padded
 from sim.core.enums import Coll
 from sim.core.specs import IntraNodeTopology
 from sim.engines.buckets import DeepSpeedBucket
-from sim.engines.schedule import Alloc, Kind, Mem, Phase, Schedule, Stream
-from sim.engines.skeleton import Planner, Use
+from sim.engines.layout import Layout
+from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Schedule, Stream
+from sim.engines.skeleton import B, C, F, Planner, Use
+from sim.inputs.scenario import Scenario
 
 MAX_ONGOING_FETCHES = 2     # partitioned_param_coordinator.py __max_ongoing_fetch_events
 MAX_REDUCE_EVENTS = 2       # stage3.py max_param_reduce_events
+
+
+class Fetch(NamedTuple):
+    """What using a module gathers: its owner's partitioned parameters (a tied head uses the
+    embedding's), their elements and the padded elements all-gathered."""
+
+    owner: str
+    numel: int
+    padded: int
 
 
 class Zero3Planner(Planner):
     name = "deepspeed-zero3"
     per_module = True
 
-    def __init__(self, *args: object, **kw: object) -> None:
-        super().__init__(*args, **kw)  # type: ignore[arg-type]
+    def __init__(self, s: Scenario, layout: Layout, stage: int = 0) -> None:
+        super().__init__(s, layout, stage)
         assert self.s.zero is not None
         self.z = self.s.zero
         self.h = self.elem(self.half)
         self.persistent = self._persistent_tensors()
         # parameters each granule fetches: (owner name, gathered elements, padded elements)
-        self.fetch: dict[int, tuple[str, int, int]] = {}
+        self.fetch: dict[int, Fetch] = {}
         for i, g in enumerate(self.granules):
             owner = g.shares or g.name
             own = self.granules[self._owner_index(owner)]
             numels = [n for j, n in enumerate(own.tensors) if (owner, j) not in self.persistent]
             if numels:
-                self.fetch[i] = (owner, sum(numels), sum(tensor_padded(n, self.dp) for n in numels))
+                self.fetch[i] = Fetch(owner, sum(numels), sum(tensor_padded(n, self.dp) for n in numels))
         self.padded_total = sum(tensor_padded(n, self.dp) for g in self.granules for n in g.tensors)
         self.persistent_numel = sum(self.granules[self._owner_index(o)].tensors[j] for o, j in self.persistent)
         self.bucket = DeepSpeedBucket(self.z.reduce_bucket_size)
         self.bucket_padded = 0
-        self.reductions: deque[int] = deque()
-        self.last_reduction: int | None = None
-        self.offload_copies: list[int] = []
-        self.hook_time: int | None = None
+        self.reductions: deque[OpRef] = deque()
+        self.last_reduction: OpRef | None = None
+        self.offload_copies: list[OpRef] = []
+        self.hook_time: OpRef | None = None
         self._in_backward = False
 
     def _owner_index(self, name: str) -> int:
-        if not hasattr(self, "_index_of"):
-            self._index_of = {g.name: i for i, g in reversed(list(enumerate(self.granules)))}
         return self._index_of[name]
+
+    @cached_property
+    def _index_of(self) -> dict[str, int]:
+        return {g.name: i for i, g in reversed(list(enumerate(self.granules)))}
 
     def _persistent_tensors(self) -> set[tuple[str, int]]:
         """ds_persist: numel <= param_persistence_threshold, until model_persistence_threshold."""
-        out, total = set(), 0
+        out: set[tuple[str, int]] = set()
+        total = 0
         for g in self.granules:
             for j, n in enumerate(g.tensors):
                 if n <= self.z.param_persistence_threshold and total + n <= self.z.model_persistence_threshold:
@@ -81,7 +97,7 @@ class Zero3Planner(Planner):
         for ms in range(self.t.grad_accum):
             self.micro_step(ms)
         self.optimizer_step()
-        return Schedule(self.name, [self.b.cls], self.notes())
+        return Schedule(self.name, [self.b.finish()], self.notes())
 
     def with_containers(self, trace: list[Use]) -> list[Use]:
         """DeepSpeed hooks every module, so a container (the root, a block, its attention and
@@ -90,31 +106,31 @@ class Zero3Planner(Planner):
         out: list[Use] = []
         previous: list[str] = []
         for use in trace:
-            if out and (use.what == "B") != (out[-1].what == "B") and out[-1].what != "C":
+            if out and (use.what is B) != (out[-1].what is B) and out[-1].what is not C:
                 previous = []                      # the backward pass enters from the root again
-            here = _containers(self.granules[use.index].name)
+            here = list(self.granules[use.index].containers)
             fresh = [c for i, c in enumerate(here) if i >= len(previous) or previous[i] != c]
-            out += [Use("C", -1, use.micro_step) for _ in fresh]
+            out += [Use(C, -1, use.micro_step) for _ in fresh]
             out.append(use)
             previous = here
         return out
 
     def micro_step(self, ms: int) -> None:
         trace = self.with_containers(self.trace(ms))
-        keys = [self.fetch.get(u.index) if u.what != "C" else None for u in trace]
-        available: dict[str, tuple[int, int]] = {}       # owner -> (AG op, elements)
+        keys = [self.fetch.get(u.index) if u.what is not C else None for u in trace]
+        available: dict[str, tuple[OpRef, int]] = {}     # owner -> (AG op, elements)
         skipped: dict[str, int] = {}                     # owner -> latest trace use passed by prefetch
-        outstanding: deque[int] = deque()                # fetch events the host has not synced
+        outstanding: deque[OpRef] = deque()              # fetch events the host has not synced
         inflight: set[str] = set()                       # gathered but not yet waited for
         n_available, queue = 0, 0
         passes = [u.what for u in trace]
         for i in range(len(passes) - 2, -1, -1):   # a container marker belongs to the next use's pass
-            if passes[i] == "C":
+            if passes[i] is C:
                 passes[i] = passes[i + 1]
         for pos, use in enumerate(trace):
             key = keys[pos]
-            deps: list[int | None] = []
-            self._in_backward = passes[pos] != "F"
+            deps: list[OpRef] = []
+            self._in_backward = passes[pos] is not F
             # The pre-hook of this use runs when the previous use's compute is done: gathers
             # issued here overlap this use's compute at most (host view of the allocator).
             self.hook_time = self.b.last(Stream.COMPUTE)
@@ -139,7 +155,8 @@ class Zero3Planner(Planner):
                     available[k[0]] = (ag, k[1])
                     inflight.add(k[0])
                     n_available += k[1]
-            self._pending.extend(deps)
+            for dep in deps:   # the compute stream waits for the gathers this use needs
+                self.b.stream_wait(Stream.COMPUTE, dep)
             op = self._emit_use(use)
             if key and self._release(keys, pos, skipped):
                 n_available -= available.pop(key[0])[1]
@@ -148,13 +165,15 @@ class Zero3Planner(Planner):
             self._free_after(self.b.last(Stream.COMPUTE), self._key_of(owner))
         self.end_of_backward(ms)
 
-    def _key_of(self, owner: str) -> tuple[str, int, int]:
-        return next(k for k in self.fetch.values() if k[0] == owner)
+    def _key_of(self, owner: str) -> Fetch:
+        return next(k for k in self.fetch.values() if k.owner == owner)
 
-    def _prefetch_batch(self, keys, queue, available, skipped, budget):  # type: ignore[no-untyped-def]
+    def _prefetch_batch(self, keys: list[Fetch | None], queue: int, available: dict[str, tuple[OpRef, int]],
+                        skipped: dict[str, int], budget: int) -> tuple[list[Fetch], int]:
         """Pop the trace queue until `budget` elements are being prefetched; a use whose
         parameters are already available is marked, so they are not released before it."""
-        batch, numel, chosen = [], 0, set()
+        batch: list[Fetch] = []
+        numel, chosen = 0, set()
         while queue < len(keys) and numel < budget:
             key = keys[queue]
             if key and key[0] in available:
@@ -166,10 +185,12 @@ class Zero3Planner(Planner):
             queue += 1
         return batch, queue
 
-    def _release(self, keys, pos, skipped) -> bool:  # type: ignore[no-untyped-def]
+    def _release(self, keys: list[Fetch | None], pos: int, skipped: dict[str, int]) -> bool:
         """DeepSpeed's __params_to_release: keep parameters whose later use prefetch skipped,
         or that reappear among the modules visited before max_reuse_distance elements."""
-        owner = keys[pos][0]
+        here = keys[pos]
+        assert here is not None
+        owner = here.owner
         if skipped.get(owner, -1) > pos:
             return False
         traversed = 0
@@ -182,9 +203,9 @@ class Zero3Planner(Planner):
                 traversed += key[1]
         return True
 
-    def _all_gather(self, batch, ms, use, purpose) -> int:  # type: ignore[no-untyped-def]
-        padded = sum(k[2] for k in batch)
-        deps: list[int | None] = [self.hook_time]
+    def _all_gather(self, batch: list[Fetch], ms: int, use: Use, purpose: str) -> OpRef:
+        padded = sum(k.padded for k in batch)
+        deps: list[OpRef | None] = [self.hook_time]
         if self.z.offload_param.enabled:
             deps.append(self.copy(Stream.H2D, self.h * padded / self.dp, "H2D parameter partition",
                                   self._phase(use), ms))
@@ -198,27 +219,27 @@ class Zero3Planner(Planner):
     def _phase(self, use: Use) -> Phase:
         return Phase.BWD if self._in_backward else Phase.FWD
 
-    def _free_after(self, op: int | None, key: tuple[str, int, int]) -> None:
+    def _free_after(self, op: OpRef | None, key: Fetch) -> None:
         """Give the gathered copy back when compute op `op` ends."""
-        self.b.attach(Stream.COMPUTE, op, free=(Alloc(Mem.PARAMS, f"gathered {key[0]}", self.h * key[2]),))
+        self.b.attach(op, free=(Alloc(Mem.PARAMS, f"gathered {key[0]}", self.h * key[2]),))
 
-    def _emit_use(self, use: Use) -> int | None:
-        if use.what == "C":
+    def _emit_use(self, use: Use) -> OpRef | None:
+        if use.what is C:
             return self.b.last(Stream.COMPUTE)
         self.emit(use)
         return self.b.last(Stream.COMPUTE)
 
     # -- gradients --------------------------------------------------------------------------
-    def after_use(self, use: Use, op: int) -> None:
+    def after_use(self, use: Use, op: OpRef) -> None:
         g = self.granules[use.index]
-        if use.what != "B" or g.shares:
+        if use.what is not B or g.shares:
             return
         for n in reversed(g.tensors):
             if self.bucket.add(n):   # the bucket overflowed: reduce what it held before n
                 self._reduce_scatter(use.micro_step, op, g.block)
             self.bucket_padded += tensor_padded(n, self.dp)
 
-    def _reduce_scatter(self, ms: int, producer: int | None, layer: int | None) -> None:
+    def _reduce_scatter(self, ms: int, producer: OpRef | None, layer: int | None) -> None:
         """Reduce what the bucket holds except its newest gradient (DeepSpeed flushes first)."""
         padded = self.bucket_padded
         self.bucket_padded = 0
@@ -246,8 +267,7 @@ class Zero3Planner(Planner):
         norm = self.grad_norm(always=True, nbytes=8.0)
         shard = self.padded_total / self.dp
         if self.z.offload_optimizer.enabled:
-            cpu = self.b.add(Stream.CPU, Kind.CPU_OPTIMIZER, "CPU-Adam",
-                             Phase.STEP, self.boundary, params=shard, deps=[norm, *self.offload_copies])
+            cpu = self.b.cpu_step("CPU-Adam", self.boundary, params=shard, deps=[norm, *self.offload_copies])
             up = self.copy(Stream.H2D, shard * self.h, "H2D 16-bit partition", Phase.STEP, self.boundary,
                            deps=[cpu])
             self.wait_before_next_compute(up)
@@ -273,16 +293,3 @@ class Zero3Planner(Planner):
     def notes(self) -> list[str]:
         return [f"ZeRO-3 steady state (trace recorded, prefetch on): {len(self.fetch)} fetch units, "
                 f"{len(self.persistent)} persistent tensors ({self.persistent_numel:,} elements)"]
-
-
-def _containers(name: str) -> list[str]:
-    """The modules with children that enclose a unit: the root, its block, and the block's
-    attention / MLP module (the attention core counts as inside the attention)."""
-    parts = name.split(".")
-    if len(parts) < 4 or parts[1] != "layers":
-        return ["root"]
-    block = ".".join(parts[:3])
-    sub = "self_attn" if parts[3] == "attention" else parts[3]
-    if sub in ("self_attn", "attn", "mlp", "block_sparse_moe"):
-        return ["root", block, f"{block}.{sub}"]
-    return ["root", block]

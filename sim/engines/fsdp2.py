@@ -19,8 +19,10 @@ from __future__ import annotations
 from sim.analytic.comm import dim0_padded
 from sim.core.enums import Coll
 from sim.core.model import module_tree
-from sim.engines.schedule import Alloc, Kind, Mem, Phase, Stream
-from sim.engines.skeleton import Planner, Use
+from sim.engines.layout import Layout
+from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Stream
+from sim.engines.skeleton import B, F, Planner, R, Use
+from sim.inputs.scenario import Scenario
 
 TORCH_CPU_ADAM_SLOWDOWN = 6.0  # DeepSpeedCPUAdam is "5x to 7x" faster than torch Adam (cpu_adam.py)
 
@@ -28,8 +30,8 @@ TORCH_CPU_ADAM_SLOWDOWN = 6.0  # DeepSpeedCPUAdam is "5x to 7x" faster than torc
 class Fsdp2Planner(Planner):
     name = "fsdp2"
 
-    def __init__(self, *args: object, **kw: object) -> None:
-        super().__init__(*args, **kw)  # type: ignore[arg-type]
+    def __init__(self, s: Scenario, layout: Layout, stage: int = 0) -> None:
+        super().__init__(s, layout, stage)
         f = self.s.fsdp
         assert f is not None
         self.f = f
@@ -37,11 +39,11 @@ class Fsdp2Planner(Planner):
         self.r_bytes = self.elem(f.reduce_dtype or f.param_dtype or self.half)
         self.padded = self._padded_by_unit()          # unit index -> padded elements
         self.total_padded = sum(self.padded.values())
-        self.ag: dict[tuple[int, int, str], int] = {}  # (micro-step, unit, phase) -> AG op
-        self.fwd_done: dict[int, int] = {}
-        self.bwd_done: dict[int, int] = {}
-        self.prev_rs: int | None = None
-        self.last_rs: int | None = None
+        self.ag: dict[tuple[int, int, Phase], OpRef] = {}  # (micro-step, unit, pass) -> AG op
+        self.fwd_done: dict[int, OpRef] = {}
+        self.bwd_done: dict[int, OpRef] = {}
+        self.prev_rs: OpRef | None = None
+        self.last_rs: OpRef | None = None
 
     def _padded_by_unit(self) -> dict[int, int]:
         """Unit -1 is the root (embedding, final norm, head); unit i is block i."""
@@ -63,76 +65,76 @@ class Fsdp2Planner(Planner):
         return bool(self.f.reshard_after_forward)
 
     # -- all-gathers ------------------------------------------------------------------------
-    def before_use(self, use: Use) -> list[int | None]:
+    def before_use(self, use: Use) -> list[OpRef | None]:
         unit, ms = self.unit_of(use), use.micro_step
-        if use.what == "F":
+        if use.what is F:
             if unit == -1 and use.index > 0:
-                return [self.ag[(ms, -1, "F")]]           # the head: root still gathered
-            return self._copy_out(use, self._gather(ms, unit, "F"))
-        if use.what == "R":
-            return self._copy_out(use, self._gather(ms, unit, "B")) if unit != -1 else []
+                return [self.ag[(ms, -1, Phase.FWD)]]           # the head: root still gathered
+            return self._copy_out(use, self._gather(ms, unit, Phase.FWD))
+        if use.what is R:
+            return self._copy_out(use, self._gather(ms, unit, Phase.BWD)) if unit != -1 else []
         if unit == -1 and not self.resharded(-1):
-            return [self.ag[(ms, -1, "F")]]
+            return [self.ag[(ms, -1, Phase.FWD)]]
         if unit == -1:       # the resharded root is gathered again as backward begins (the head)
-            fresh = (ms, -1, "B") not in self.ag
-            return self._copy_out(use, self._gather(ms, -1, "B")) if fresh else [self.ag[(ms, -1, "B")]]
-        fresh = (ms, unit, "B") not in self.ag
-        ag = self._gather(ms, unit, "B")
+            fresh = (ms, -1, Phase.BWD) not in self.ag
+            return self._copy_out(use, self._gather(ms, -1, Phase.BWD)) if fresh else [self.ag[(ms, -1, Phase.BWD)]]
+        fresh = (ms, unit, Phase.BWD) not in self.ag
+        ag = self._gather(ms, unit, Phase.BWD)
         for ahead in range(1, min(self.f.backward_prefetch, unit) + 1):   # explicit backward prefetch
-            self._gather(ms, unit - ahead, "B")
+            self._gather(ms, unit - ahead, Phase.BWD)
         return self._copy_out(use, ag) if fresh or self.resharded(unit) else [ag]
 
-    def _copy_out(self, use: Use, ag: int | None) -> list[int | None]:
+    def _copy_out(self, use: Use, ag: OpRef | None) -> list[OpRef | None]:
         """`foreach_all_gather_copy_out` on the compute stream: the gathered flat buffer is
         copied into the unsharded parameters (read + write, memory-bound)."""
         if ag is None:
             return []
         unit = self.unit_of(use)
         nbytes = 2.0 * self.p_bytes * self.padded[unit]
-        return [self.compute(f"all-gather copy-out unit {unit}", Phase.FWD if use.what == "F" else Phase.BWD,
+        return [self.compute(f"all-gather copy-out unit {unit}", Phase.FWD if use.what is F else Phase.BWD,
                              use.micro_step, 0.0, 0.0, None if unit == -1 else unit, [ag],
                              elementwise_bytes=nbytes)]
 
-    def _gather(self, ms: int, unit: int, phase: str) -> int | None:
+    def _gather(self, ms: int, unit: int, phase: Phase) -> OpRef | None:
         key = (ms, unit, phase)
         if key in self.ag:
             return self.ag[key]
-        if phase == "B" and not self.resharded(unit):
-            return self.ag.get((ms, unit, "F"))
-        if phase == "F":   # buffer of block unit - prefetch - 1 must be resharded first
+        if phase is Phase.BWD and not self.resharded(unit):
+            return self.ag.get((ms, unit, Phase.FWD))
+        if phase is Phase.FWD:   # buffer of block unit - prefetch - 1 must be resharded first
             gate = self.fwd_done.get(unit - self.f.forward_prefetch - 1)
         elif unit != -1:   # the root's backward gather opens backward: nothing to wait for
             gate = self.bwd_done.get(unit + self.f.backward_prefetch + 1)
         else:
             gate = None
         nbytes = self.p_bytes * self.padded[unit]
-        deps: list[int | None] = [gate]
+        deps: list[OpRef | None] = [gate]
         if self.f.cpu_offload:
             deps.append(self.copy(Stream.H2D, 4.0 * self.padded[unit] / self.dp, "H2D parameter shard",
-                                  Phase.FWD if phase == "F" else Phase.BWD, ms))
+                                  phase, ms))
         self.ag[key] = self.collective(
             Stream.ALLGATHER, Coll.ALL_GATHER, nbytes, f"all-gather {'root' if unit == -1 else f'block {unit}'}",
-            Phase.FWD if phase == "F" else Phase.BWD, ms, deps=deps, layer=None if unit == -1 else unit,
+            phase, ms, deps=deps, layer=None if unit == -1 else unit,
             alloc=(Alloc(Mem.PARAMS, f"unsharded unit {unit}", nbytes),),
             purpose="fetch" if unit != -1 else "root")
         return self.ag[key]
 
     # -- after compute: reshard, reduce-scatter -------------------------------------------------
-    def after_use(self, use: Use, op: int) -> None:
+    def after_use(self, use: Use, op: OpRef) -> None:
         unit, ms = self.unit_of(use), use.micro_step
-        if use.what == "F" and unit != -1:
+        if use.what is F and unit != -1:
             self.fwd_done[unit] = op
             if self.resharded(unit):
                 self._free(op, unit)
-        if use.what == "F" and unit == -1 and use.index > 0 and self.resharded(-1):
+        if use.what is F and unit == -1 and use.index > 0 and self.resharded(-1):
             self._free(op, -1)   # the root's post-forward reshard, after the head
-        if use.what != "B" or (unit == -1 and use.index != 0):
+        if use.what is not B or (unit == -1 and use.index != 0):
             return
         self.bwd_done[unit] = op
         self._free(op, unit)   # reshard after backward
         nbytes = self.r_bytes * self.padded[unit]
         grads = Alloc(Mem.GRADS, f"unsharded gradients unit {unit}", self.p_bytes * self.padded[unit])
-        self.b.attach(Stream.COMPUTE, op, alloc=(grads,))
+        self.b.attach(op, alloc=(grads,))
         self.wait_before_next_compute(self.prev_rs)   # at most one reduce-scatter outstanding
         copy_in = self.compute(f"reduce-scatter copy-in unit {unit}", Phase.BWD, ms, 0.0, 0.0,
                                None if unit == -1 else unit, elementwise_bytes=2.0 * nbytes)
@@ -144,9 +146,9 @@ class Fsdp2Planner(Planner):
             self.last_rs = self.copy(Stream.D2H, 4.0 * self.padded[unit] / self.dp, "D2H gradient shard",
                                      Phase.BWD, ms, deps=[rs])
 
-    def _free(self, op: int, unit: int) -> None:
+    def _free(self, op: OpRef, unit: int) -> None:
         nbytes = self.p_bytes * self.padded[unit]
-        self.b.attach(Stream.COMPUTE, op, free=(Alloc(Mem.PARAMS, f"unsharded unit {unit}", nbytes),))
+        self.b.attach(op, free=(Alloc(Mem.PARAMS, f"unsharded unit {unit}", nbytes),))
 
     def end_of_backward(self, ms: int) -> None:
         self.wait_before_next_compute(self.last_rs)   # finalize_backward waits for the reductions
@@ -156,8 +158,8 @@ class Fsdp2Planner(Planner):
         norm = self.grad_norm()
         shard = self.total_padded / self.dp
         if self.f.cpu_offload:
-            cpu = self.b.add(Stream.CPU, Kind.CPU_OPTIMIZER, "torch Adam on CPU", Phase.STEP, self.boundary,
-                             params=shard * TORCH_CPU_ADAM_SLOWDOWN, deps=[norm, self.last_rs])
+            cpu = self.b.cpu_step("torch Adam on CPU", self.boundary, params=shard * TORCH_CPU_ADAM_SLOWDOWN,
+                                  deps=[norm, self.last_rs])
             self.wait_before_next_compute(cpu)
             self.compute("wait for the CPU step", Phase.STEP, self.boundary, 0.0, 0.0, None)
         else:

@@ -15,26 +15,30 @@ Volumes per rank: 2 Psi (stages 0-2) and 3 Psi (stage 3), times (N-1)/N.
 from __future__ import annotations
 
 from sim.core.enums import Coll, ZeroStage
-from sim.engines.schedule import Alloc, Mem, Phase, Stream
-from sim.engines.skeleton import Planner, Use
+from sim.engines.layout import Layout
+from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Stream
+from sim.engines.skeleton import B, F, Planner, R, Use
+from sim.engines.workload import Unit
+from sim.inputs.scenario import Scenario
 
 
 class PaperPlanner(Planner):
     name = "paper"
 
-    def __init__(self, *args: object, **kw: object) -> None:
-        super().__init__(*args, **kw)  # type: ignore[arg-type]
+    def __init__(self, s: Scenario, layout: Layout, stage: int = 0, granules: list[Unit] | None = None) -> None:
+        super().__init__(s, layout, stage, granules)
         self.stage = self.s.zero_stage
         self.h = self.elem(self.half)
         self.seg = self.psi / self.dp
-        starts, acc = [], 0
+        starts: list[int] = []
+        acc = 0
         for g in self.granules:
             starts.append(acc)
             acc += g.numel
         self.span = [(a, a + g.numel) for a, g in zip(starts, self.granules)]
-        self.bcast: dict[tuple[int, str, int], int] = {}
+        self.bcast: dict[tuple[int, Phase, int], OpRef] = {}
         self.reduced: set[tuple[int, int]] = set()
-        self.last_comm: int | None = None
+        self.last_comm: OpRef | None = None
 
     def segments_of(self, index: int) -> list[int]:
         a, b = self.span[index]
@@ -43,32 +47,32 @@ class PaperPlanner(Planner):
         return list(range(int(a // self.seg), int(min(self.dp - 1, (b - 1) // self.seg)) + 1))
 
     # -- ZeRO-3 broadcasts --------------------------------------------------------------------
-    def before_use(self, use: Use) -> list[int | None]:
+    def before_use(self, use: Use) -> list[OpRef | None]:
         if self.stage < ZeroStage.PARAMETERS:
             return []
-        phase = "F" if use.what == "F" else "B"
+        phase = Phase.FWD if use.what is F else Phase.BWD
         segs = self.segments_of(use.index)
-        deps = [self._broadcast(use.micro_step, phase, k) for k in segs]
-        nxt = (max(segs) + 1 if phase == "F" else min(segs) - 1) if segs else None
+        deps: list[OpRef | None] = [self._broadcast(use.micro_step, phase, k) for k in segs]
+        nxt = (max(segs) + 1 if phase is Phase.FWD else min(segs) - 1) if segs else None
         if nxt is not None and 0 <= nxt < self.dp:
             self._broadcast(use.micro_step, phase, nxt)   # one segment ahead
         return deps
 
-    def _broadcast(self, ms: int, phase: str, k: int) -> int:
+    def _broadcast(self, ms: int, phase: Phase, k: int) -> OpRef:
         """Issued when the compute before the granule that needs it is done (or earlier, ahead)."""
         key = (ms, phase, k)
         if key not in self.bcast:
             self.bcast[key] = self.collective(
                 Stream.ALLGATHER, Coll.BROADCAST, self.h * self.seg, f"broadcast segment {k} from rank {k}",
-                Phase.FWD if phase == "F" else Phase.BWD, ms, deps=[self.b.last(Stream.COMPUTE)],
+                phase, ms, deps=[self.b.last(Stream.COMPUTE)],
                 alloc=(Alloc(Mem.PARAMS, f"segment {k}", self.h * self.seg),), purpose="fetch")
         return self.bcast[key]
 
     # -- gradient reduction -------------------------------------------------------------------
-    def after_use(self, use: Use, op: int) -> None:
+    def after_use(self, use: Use, op: OpRef) -> None:
         if self.stage >= ZeroStage.PARAMETERS:
             self._release(use, op)
-        if use.what != "B" or self.stage < ZeroStage.GRADIENTS:
+        if use.what is not B or self.stage < ZeroStage.GRADIENTS:
             return
         a, _ = self.span[use.index]
         for k in self.segments_of(use.index):
@@ -78,17 +82,17 @@ class PaperPlanner(Planner):
                                                  f"reduce segment {k} to rank {k}", Phase.BWD, use.micro_step,
                                                  deps=[op], layer=self.granules[use.index].block, purpose="grad")
 
-    def _release(self, use: Use, op: int) -> None:
+    def _release(self, use: Use, op: OpRef) -> None:
         """Drop a segment after its last granule in this pass."""
-        phase = "F" if use.what == "F" else "B"
-        step = 1 if phase == "F" else -1
+        phase = Phase.FWD if use.what is F else Phase.BWD
+        step = 1 if phase is Phase.FWD else -1
         nxt = use.index + step
         later = set(self.segments_of(nxt)) if 0 <= nxt < len(self.granules) else set()
-        if use.what == "R":
+        if use.what is R:
             return
         for k in self.segments_of(use.index):
             if k not in later and (use.micro_step, phase, k) in self.bcast:
-                self.b.attach(Stream.COMPUTE, op, free=(Alloc(Mem.PARAMS, f"segment {k}", self.h * self.seg),))
+                self.b.attach(op, free=(Alloc(Mem.PARAMS, f"segment {k}", self.h * self.seg),))
 
     def end_of_backward(self, ms: int) -> None:
         last = self.b.last(Stream.COMPUTE)

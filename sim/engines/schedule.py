@@ -9,8 +9,9 @@ semantics: ops of one stream run in order; `deps` are events recorded on other s
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import ClassVar, NewType
 
 from sim.core.enums import Axis, Coll
 
@@ -56,43 +57,120 @@ class Alloc:
     nbytes: float
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
-    """One operation on one stream of one rank (identical for all ranks of a class)."""
+OpRef = NewType("OpRef", int)
+"""A dependency token: the completion of an op of the same rank class (its id)."""
 
+
+class Direction(StrEnum):
+    """Which way a pipeline transfer goes."""
+
+    FORWARD = "F"      # activations to the next stage
+    BACKWARD = "B"     # their gradients to the previous stage
+
+
+@dataclass(frozen=True, slots=True)
+class PipeTag:
+    """What a pipeline receive waits for: the send of micro-step `micro_step` in `direction`."""
+
+    direction: Direction
+    micro_step: int
+
+    def __str__(self) -> str:
+        return f"{self.direction.value}{self.micro_step}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Op:
+    """What every op has: one operation on one stream of one rank (the same for all ranks of
+    a class). `deps` are ops of other streams (or host-side waits) that must end first;
+    `waits_for` are pipeline sends from a neighbouring stage that must arrive first."""
+
+    kind: ClassVar[Kind]
     id: int
     stream: Stream
-    kind: Kind
     name: str
     phase: Phase
     micro_step: int
     layer: int | None = None            # transformer block, None outside the blocks
-    flops: float = 0.0                  # compute / optimizer work
-    mem_bytes: float = 0.0              # HBM traffic of the GEMMs (roofline with the FLOPs)
-    elementwise_bytes: float = 0.0      # HBM traffic of memory-bound kernels, added after
-    coll: Coll | None = None
-    axis: Axis | None = None            # the group a collective runs on
-    nbytes: float = 0.0                 # collective buffer S (nccl-tests convention) or copy bytes
-    params: float = 0.0                 # parameters stepped by an optimizer op
-    direction: Stream | None = None     # PCIe direction of a copy (H2D or D2H)
     deps: tuple[int, ...] = ()
     alloc: tuple[Alloc, ...] = ()       # taken when the op starts
     free: tuple[Alloc, ...] = ()        # given back when the op ends
     purpose: str = ""                   # e.g. 'fetch', 'prefetch', 'grad bucket', 'post-step'
-    tag: str = ""                       # a pipeline send: what the receiving stage waits for
-    peer: int = 0                       # a pipeline send: +1 to the next stage, -1 to the previous
-    waits_for: tuple[str, ...] = ()     # pipeline sends from another stage this op must receive
+    waits_for: tuple[PipeTag, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compute(Op):
+    """Kernels on the GPU: GEMMs (roofline of `flops` and `mem_bytes`) then memory-bound
+    kernels moving `elementwise_bytes` (sim.analytic.opcost.compute_time)."""
+
+    kind: ClassVar[Kind] = Kind.COMPUTE
+    flops: float = 0.0
+    mem_bytes: float = 0.0
+    elementwise_bytes: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuOptimizer(Op):
+    """Adam over `params` parameters on the GPU (memory-bound)."""
+
+    kind: ClassVar[Kind] = Kind.OPTIMIZER
+    params: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CpuStep(Op):
+    """CPU-Adam over `params` parameters on the host (ZeRO-Offload, FSDP2 CPU offload)."""
+
+    kind: ClassVar[Kind] = Kind.CPU_OPTIMIZER
+    params: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Collective(Op):
+    """A collective on the group along `axis`; `nbytes` is the buffer S (nccl-tests)."""
+
+    kind: ClassVar[Kind] = Kind.COLLECTIVE
+    coll: Coll
+    axis: Axis
+    nbytes: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Send(Op):
+    """A pipeline send of `nbytes` to the stage `peer` away (+1 next, -1 previous); the
+    receiving stage's op that `waits_for` `tag` starts once it has arrived."""
+
+    kind: ClassVar[Kind] = Kind.COLLECTIVE
+    coll: ClassVar[Coll] = Coll.SEND_RECV
+    axis: ClassVar[Axis] = Axis.PP
+    nbytes: float
+    tag: PipeTag
+    peer: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Copy(Op):
+    """A PCIe copy of `nbytes` in `direction` (H2D or D2H), on its own stream or another."""
+
+    kind: ClassVar[Kind] = Kind.COPY
+    nbytes: float
+    direction: Stream
+
+
+AnyOp = Compute | GpuOptimizer | CpuStep | Collective | Send | Copy
+CommOp = Collective | Send
 
 
 @dataclass
 class ClassSchedule:
     """The ops of one rank class (one pipeline stage), by stream, plus resident memory."""
 
-    streams: dict[Stream, list[Op]] = field(default_factory=dict)
+    streams: dict[Stream, list[AnyOp]] = field(default_factory=dict)
     resident: list[Alloc] = field(default_factory=list)  # allocated before the step starts
     host: list[Alloc] = field(default_factory=list)      # held in host memory, per rank
 
-    def ops(self) -> Iterator[Op]:
+    def ops(self) -> Iterator[AnyOp]:
         for stream in Stream:
             yield from self.streams.get(stream, [])
 
@@ -105,57 +183,14 @@ class Schedule:
     classes: list[ClassSchedule]
     notes: list[str] = field(default_factory=list)
 
-    def ops(self, cls: int = 0) -> Iterator[Op]:
+    def ops(self, cls: int = 0) -> Iterator[AnyOp]:
         return self.classes[cls].ops()
 
-    def ops_by_id(self, cls: int) -> dict[int, Op]:
+    def ops_by_id(self, cls: int) -> dict[int, AnyOp]:
         cache = self._by_id.get(cls)
         if cache is None:
             cache = self._by_id[cls] = {op.id: op for op in self.classes[cls].ops()}
         return cache
 
     def __post_init__(self) -> None:
-        self._by_id: dict[int, dict[int, Op]] = {}
-
-
-class Builder:
-    """Appends ops to the streams of one class; ids are unique within the class."""
-
-    def __init__(self) -> None:
-        self.cls = ClassSchedule()
-        self._next = 0
-        self.host_gate: int | None = None
-
-    def host_sync(self, op_id: int | None) -> None:
-        """The host blocks until `op_id` completes: every op issued later depends on it.
-
-        Only the newest sync is kept: sync targets lie on in-order streams, so a later
-        target implies the earlier ones on its stream.
-        """
-        if op_id is not None:
-            self.host_gate = op_id
-
-    def add(self, stream: Stream, kind: Kind, name: str, phase: Phase, micro_step: int,
-            **fields: object) -> int:
-        raw = [*fields.pop("deps", ()), self.host_gate]  # type: ignore[misc]
-        deps = tuple(sorted({d for d in raw if d is not None}))
-        op = Op(self._next, stream, kind, name, phase, micro_step, deps=deps, **fields)  # type: ignore[arg-type]
-        self.cls.streams.setdefault(stream, []).append(op)
-        self._next += 1
-        return op.id
-
-    def attach(self, stream: Stream, op_id: int | None, *, alloc: tuple[Alloc, ...] = (),
-               free: tuple[Alloc, ...] = ()) -> None:
-        """Add memory taken / given back by an op already on `stream` (searched from the newest)."""
-        ops = self.cls.streams[stream]
-        idx = next(i for i in range(len(ops) - 1, -1, -1) if ops[i].id == op_id)
-        ops[idx] = replace(ops[idx], alloc=ops[idx].alloc + alloc, free=ops[idx].free + free)
-
-    def last(self, stream: Stream) -> int | None:
-        """Id of the newest op on `stream` (its completion = a CUDA event on that stream)."""
-        ops = self.cls.streams.get(stream)
-        return ops[-1].id if ops else None
-
-    def resident(self, category: Mem, label: str, nbytes: float) -> None:
-        if nbytes > 0:
-            self.cls.resident.append(Alloc(category, label, nbytes))
+        self._by_id: dict[int, dict[int, AnyOp]] = {}

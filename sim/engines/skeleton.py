@@ -11,25 +11,47 @@ the hooks to add collectives, copies and their ordering constraints.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from sim.analytic import activations as act
 from sim.core.enums import Axis, Coll
+from sim.core.model import Role
 from sim.core.units import BYTES_PER_ELEMENT
+from sim.engines.builder import Builder
 from sim.engines.layout import Layout
 from sim.engines.resident import resident_memory
-from sim.engines.schedule import Alloc, Builder, Kind, Mem, Phase, Schedule, Stream
-from sim.engines.workload import Unit, blocks, units
+from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, PipeTag, Schedule, Stream
+from sim.engines.workload import EMBEDDINGS, Unit, blocks, units
 from sim.inputs.scenario import Scenario
+
+
+class UseKind(StrEnum):
+    FORWARD = "F"
+    RECOMPUTE = "R"        # the forward run again in backward (full recomputation)
+    BACKWARD = "B"
+    CONTAINER = "C"        # entering a module with children (DeepSpeed ZeRO-3 hooks it too)
+
+
+F, R, B, C = UseKind.FORWARD, UseKind.RECOMPUTE, UseKind.BACKWARD, UseKind.CONTAINER
 
 
 @dataclass(frozen=True, slots=True)
 class Use:
     """One use of a granule in the trace of a micro-step."""
 
-    what: str            # 'F' forward, 'R' recompute forward, 'B' backward
-    index: int           # granule index
+    what: UseKind
+    index: int           # granule index (-1 for a container)
     micro_step: int
+
+
+class Part(StrEnum):
+    """What of a micro-step a pipeline stage runs at one point of its order."""
+
+    FORWARD = "F"
+    BACKWARD = "B"
+    BOTH = "FB"
 
 
 class Planner:
@@ -42,8 +64,6 @@ class Planner:
         self.s, self.layout, self.stage_index = s, layout, stage
         self.m, self.t, self.dp = s.model, s.training, layout.dp
         self.b = Builder()
-        self._pending: list[int] = []
-        self._recv: str | None = None
         all_units = units(self.m, self.t.seq_len, self.t.micro_batch, layout.tp,
                           value_bytes=BYTES_PER_ELEMENT[s.training.precision.value])
         if granules is None:
@@ -58,8 +78,7 @@ class Planner:
         pp, per = self.layout.pp, self.m.layers // self.layout.pp
         if g.block is not None:
             return g.block // per == self.stage_index
-        first = "embed" in g.name or g.name == "embedding"
-        return self.stage_index == (0 if first else pp - 1)
+        return self.stage_index == (0 if g.role in EMBEDDINGS else pp - 1)
 
     # -- sizes -----------------------------------------------------------------------------
     def elem(self, dtype: str) -> int:
@@ -81,36 +100,27 @@ class Planner:
         return 0.0 if rc is act.Recompute.FULL and self.t.cpu_checkpointing else per
 
     # -- op helpers ------------------------------------------------------------------------
-    def wait_before_next_compute(self, op_id: int | None) -> None:
-        """A host-side or stream wait: the next compute op may not start before `op_id`."""
-        if op_id is not None:
-            self._pending.append(op_id)
+    def wait_before_next_compute(self, ref: OpRef | None) -> None:
+        """The compute stream's next op waits for `ref` (a CUDA stream wait)."""
+        self.b.stream_wait(Stream.COMPUTE, ref)
 
-    def compute(self, name: str, phase: Phase, ms: int, flops: float, mem_bytes: float,
-                layer: int | None, deps: list[int | None] | None = None, **kw: object) -> int:
-        deps = [*(deps or []), *self._pending]
-        self._pending = []
-        if self._recv:
-            kw["waits_for"] = (self._recv,)
-            self._recv = None
-        return self.b.add(Stream.COMPUTE, Kind.COMPUTE, name, phase, ms, flops=flops,
-                          mem_bytes=mem_bytes, layer=layer, deps=deps, **kw)
+    def compute(self, name: str, phase: Phase, ms: int, flops: float, mem_bytes: float, layer: int | None,
+                deps: Iterable[OpRef | None] = (), *, alloc: tuple[Alloc, ...] = (),
+                free: tuple[Alloc, ...] = (), elementwise_bytes: float = 0.0) -> OpRef:
+        return self.b.compute(name, phase, ms, flops=flops, mem_bytes=mem_bytes, elementwise_bytes=elementwise_bytes,
+                              layer=layer, deps=deps, alloc=alloc, free=free)
 
-    def collective(self, stream: Stream, coll: Coll, nbytes: float, name: str, phase: Phase,
-                   ms: int, *, axis: Axis = Axis.DP, deps: list[int | None] | None = None,
-                   **kw: object) -> int:
-        deps = list(deps or [])
-        if stream is Stream.COMPUTE:
-            deps += self._pending
-            self._pending = []
-        return self.b.add(stream, Kind.COLLECTIVE, name, phase, ms, coll=coll, axis=axis,
-                          nbytes=nbytes, deps=deps, **kw)
+    def collective(self, stream: Stream, coll: Coll, nbytes: float, name: str, phase: Phase, ms: int, *,
+                   axis: Axis = Axis.DP, deps: Iterable[OpRef | None] = (), layer: int | None = None,
+                   alloc: tuple[Alloc, ...] = (), free: tuple[Alloc, ...] = (), purpose: str = "") -> OpRef:
+        return self.b.collective(stream, coll, nbytes, name, phase, ms, axis=axis, layer=layer, deps=deps,
+                                 alloc=alloc, free=free, purpose=purpose)
 
     # -- the skeleton ----------------------------------------------------------------------
     def trace(self, ms: int) -> list[Use]:
         """The order in which granules are used in micro-step `ms`: every forward, then block
         by block from the last (recompute in forward order, then backward in reverse)."""
-        uses = [Use("F", i, ms) for i in range(len(self.granules))]
+        uses = [Use(F, i, ms) for i in range(len(self.granules))]
         i = len(self.granules) - 1
         while i >= 0:
             block = self.granules[i].block
@@ -118,8 +128,8 @@ class Planner:
             while j > 0 and block is not None and self.granules[j - 1].block == block:
                 j -= 1
             if block is not None and self.t.recompute is act.Recompute.FULL:
-                uses += [Use("R", k, ms) for k in range(j, i + 1)]
-            uses += [Use("B", k, ms) for k in range(i, j - 1, -1)]
+                uses += [Use(R, k, ms) for k in range(j, i + 1)]
+            uses += [Use(B, k, ms) for k in range(i, j - 1, -1)]
             i = j - 1
         return uses
 
@@ -127,53 +137,53 @@ class Planner:
         self.resident()
         for ms, part in self.pipeline_order():
             uses = self.trace(ms)
-            split = next(i for i, u in enumerate(uses + [Use("B", -1, ms)]) if u.what != "F")
-            if part in ("F", "FB"):
-                self.receive(ms, "F")
+            split = next(i for i, u in enumerate([*uses, Use(B, -1, ms)]) if u.what is not F)
+            if part is not Part.BACKWARD:
+                self.receive(ms, Direction.FORWARD)
                 for use in uses[:split]:
                     self.emit(use)
-                self.send(ms, "F")
-            if part in ("B", "FB"):
-                self.receive(ms, "B")
+                self.send(ms, Direction.FORWARD)
+            if part is not Part.FORWARD:
+                self.receive(ms, Direction.BACKWARD)
                 for use in uses[split:]:
                     self.emit(use)
-                self.send(ms, "B")
+                self.send(ms, Direction.BACKWARD)
                 self.end_of_backward(ms)
         self.optimizer_step()
-        return Schedule(self.name, [self.b.cls], self.notes())
+        return Schedule(self.name, [self.b.finish()], self.notes())
 
-    def pipeline_order(self) -> list[tuple[int, str]]:
+    def pipeline_order(self) -> list[tuple[int, Part]]:
         """Micro-batch order of this stage: all of each micro-batch without pipelining; 1F1B
         (PipeDream-Flush, Narayanan et al. 2021 Sec. 2.2) with it: p - k - 1 warm-up
         forwards, then one forward and one backward in turn, then the remaining backwards."""
         m, pp = self.t.grad_accum, self.layout.pp
         if pp == 1:
-            return [(i, "FB") for i in range(m)]
+            return [(i, Part.BOTH) for i in range(m)]
         warmup = min(pp - self.stage_index - 1, m)
-        order = [(i, "F") for i in range(warmup)]
+        order = [(i, Part.FORWARD) for i in range(warmup)]
         for i in range(m - warmup):
-            order += [(warmup + i, "F"), (i, "B")]
-        return order + [(i, "B") for i in range(m - warmup, m)]
+            order += [(warmup + i, Part.FORWARD), (i, Part.BACKWARD)]
+        return order + [(i, Part.BACKWARD) for i in range(m - warmup, m)]
 
     def activation_bytes_between_stages(self) -> float:
         p = self.s.parallel
         return 2.0 * self.t.seq_len * self.t.micro_batch * self.m.hidden / (p.tp if p.sequence_parallel else 1)
 
-    def receive(self, ms: int, direction: str) -> None:
+    def receive(self, ms: int, direction: Direction) -> None:
         """The next compute op waits for the neighbouring stage's send."""
         last = self.layout.pp - 1
-        if (direction == "F" and self.stage_index > 0) or (direction == "B" and self.stage_index < last):
-            self._recv = f"{direction}{ms}"
+        if (direction is Direction.FORWARD and self.stage_index > 0) or \
+                (direction is Direction.BACKWARD and self.stage_index < last):
+            self.b.stream_receive(Stream.COMPUTE, PipeTag(direction, ms))
 
-    def send(self, ms: int, direction: str) -> None:
+    def send(self, ms: int, direction: Direction) -> None:
         last = self.layout.pp - 1
-        if (direction == "F" and self.stage_index < last) or (direction == "B" and self.stage_index > 0):
-            peer = 1 if direction == "F" else -1
-            target = self.stage_index + peer
-            self.b.add(Stream.P2P, Kind.COLLECTIVE, f"send {'activations' if peer > 0 else 'gradients'} "
-                       f"to stage {target}", Phase.FWD if peer > 0 else Phase.BWD, ms, coll=Coll.SEND_RECV,
-                       axis=Axis.PP, nbytes=self.activation_bytes_between_stages(),
-                       deps=[self.b.last(Stream.COMPUTE)], tag=f"{direction}{ms}", peer=peer, purpose="pipeline")
+        forward = direction is Direction.FORWARD
+        if (forward and self.stage_index < last) or (not forward and self.stage_index > 0):
+            peer = 1 if forward else -1
+            self.b.send(f"send {'activations' if forward else 'gradients'} to stage {self.stage_index + peer}",
+                        Phase.FWD if forward else Phase.BWD, ms, nbytes=self.activation_bytes_between_stages(),
+                        tag=PipeTag(direction, ms), peer=peer, deps=[self.b.last(Stream.COMPUTE)])
 
     def emit(self, use: Use) -> None:
         g = self.granules[use.index]
@@ -182,17 +192,19 @@ class Planner:
         layer = g.block
         last_of_block = g.block is not None and (use.index == len(self.granules) - 1
                                                  or self.granules[use.index + 1].block != g.block)
-        if use.what == "F":
-            alloc = ()
+        head = g.block is None and g.role not in EMBEDDINGS and use.index == len(self.granules) - 1
+        op: OpRef
+        if use.what is F:
+            alloc: tuple[Alloc, ...] = ()
             if first_of_block:
                 alloc = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.block_activation_bytes()),)
-            elif g.block is None and "embed" not in g.name and use.index == len(self.granules) - 1:
+            elif head:
                 alloc = (Alloc(Mem.ACTIVATIONS, "activations head", self.head_activation_bytes()),)
             op = self.compute(f"fwd {g.name}", Phase.FWD, use.micro_step, g.fwd_flops, g.fwd_bytes, layer,
                               deps, alloc=alloc, elementwise_bytes=self.elementwise(first_of_block, 1))
-            if last_of_block or g.name in ("model.embed_tokens", "embedding"):   # vocab-parallel embedding
+            if last_of_block or g.role is Role.TOKEN_EMBEDDING:   # the vocab-parallel embedding
                 op = self.tensor_parallel(use, 2 if last_of_block else 1) or op
-        elif use.what == "R":
+        elif use.what is R:
             alloc = ()
             if first_of_block:
                 full = self.block_activation_bytes(act.Recompute.NONE)
@@ -207,13 +219,13 @@ class Planner:
                          g.bwd_bytes / 2, layer, deps, elementwise_bytes=self.elementwise(first_of_block, 2))
             if first_of_block:
                 self.tensor_parallel(use, 2)
-            free = ()
+            free: tuple[Alloc, ...] = ()
             if first_of_block:
                 free = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.block_activation_bytes()),)
                 if self.t.recompute is act.Recompute.FULL:
                     full = self.block_activation_bytes(act.Recompute.NONE)
                     free += (Alloc(Mem.ACTIVATIONS, f"recomputed block {g.block}", full),)
-            elif g.block is None and use.index == len(self.granules) - 1:
+            elif head:
                 free = (Alloc(Mem.ACTIVATIONS, "activations head", self.head_activation_bytes()),)
             op = self.compute(f"bwd-weight {g.name}", Phase.BWD, use.micro_step, g.bwd_weight_flops,
                               g.bwd_bytes / 2, layer, free=free)
@@ -224,7 +236,7 @@ class Planner:
         read and write of its activations forward, twice that backward (estimate)."""
         return passes * self.block_activation_bytes(act.Recompute.NONE) if first_of_block else 0.0
 
-    def tensor_parallel(self, use: Use, count: int) -> int | None:
+    def tensor_parallel(self, use: Use, count: int) -> OpRef | None:
         """Megatron tensor parallelism (Shoeybi et al. 2019 Sec. 3): per block two
         all-reduces of s b h forward and two backward (one after attention, one after the
         MLP; the embedding one forward), on the compute stream, nothing overlapped. With
@@ -233,7 +245,7 @@ class Planner:
         if self.layout.tp == 1:
             return None
         nbytes = self.elem(self.half) * self.t.seq_len * self.t.micro_batch * self.m.hidden
-        phase = Phase.FWD if use.what == "F" else Phase.BWD
+        phase = Phase.FWD if use.what is F else Phase.BWD
         layer = self.granules[use.index].block
         last = None
         for _ in range(count):
@@ -258,12 +270,12 @@ class Planner:
         r = resident_memory(self.s, self.stage_index)
         for a in r.device:
             self.b.resident(a.category, a.label, a.nbytes)
-        self.b.cls.host.extend(r.host)
+        self.b.host_allocs.extend(r.host)
 
-    def before_use(self, use: Use) -> list[int | None]:
+    def before_use(self, use: Use) -> list[OpRef | None]:
         return []
 
-    def after_use(self, use: Use, op: int) -> None:
+    def after_use(self, use: Use, op: OpRef) -> None:
         """Called with the id of the use's last compute op."""
 
     def end_of_backward(self, ms: int) -> None:
@@ -276,25 +288,17 @@ class Planner:
         return []
 
     # -- shared pieces ---------------------------------------------------------------------
-    def adam(self, params: float, deps: list[int | None] | None = None,
-             holds: tuple[Alloc, ...] = ()) -> int:
+    def adam(self, params: float, deps: Iterable[OpRef | None] = (), holds: tuple[Alloc, ...] = ()) -> OpRef:
         """Adam on the GPU over `params` parameters (memory-bound, sim.analytic.opcost);
         `holds` are temporary buffers live while it runs."""
-        deps = [*(deps or []), *self._pending]
-        self._pending = []
-        return self.b.add(Stream.COMPUTE, Kind.OPTIMIZER, "optimizer step (Adam)", Phase.STEP,
-                          self.boundary, params=params, deps=deps, alloc=holds, free=holds)
+        return self.b.gpu_optimizer("optimizer step (Adam)", self.boundary, params=params, deps=deps, holds=holds)
 
-    def copy(self, direction: Stream, nbytes: float, name: str, phase: Phase, ms: int,
-             stream: Stream | None = None, **kw: object) -> int:
+    def copy(self, direction: Stream, nbytes: float, name: str, phase: Phase, ms: int, *,
+             stream: Stream | None = None, deps: Iterable[OpRef | None] = (), layer: int | None = None) -> OpRef:
         """A PCIe copy, on its own copy stream unless the engine issues it on another."""
-        stream = stream or direction
-        if stream is Stream.COMPUTE:
-            kw["deps"] = [*kw.get("deps", []), *self._pending]  # type: ignore[misc]
-            self._pending = []
-        return self.b.add(stream, Kind.COPY, name, phase, ms, nbytes=nbytes, direction=direction, **kw)
+        return self.b.copy(direction, nbytes, name, phase, ms, stream=stream, deps=deps, layer=layer)
 
-    def grad_norm(self, always: bool = False, nbytes: float = 4.0) -> int | None:
+    def grad_norm(self, always: bool = False, nbytes: float = 4.0) -> OpRef | None:
         """Global gradient norm: one tiny all-reduce (reference 1.1), when clipping, or
         always where the engine computes it anyway (DeepSpeed ZeRO-1/2/3's step)."""
         if self.t.gradient_clipping <= 0 and not always:

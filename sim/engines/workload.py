@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sim.core.model import Family, ModelSpec, Position, module_tree
+from sim.core.model import Family, ModelSpec, Position, Role, module_tree
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,9 @@ class Unit:
     bwd_bytes: float                  # HBM traffic backward
     attention_flops: float = 0.0      # forward FLOPs that selective recompute runs again
     shares: str | None = None         # a tied head uses the embedding's parameters
+    role: Role = Role.BLOCK           # what it is in the model (sim.core.model.Role)
+    containers: tuple[str, ...] = ("root",)   # the modules with children that enclose it,
+                                              # outermost first (DeepSpeed hooks them too)
 
     @property
     def numel(self) -> int:
@@ -43,20 +46,30 @@ def units(m: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, value_bytes
         shards = tuple(_tp_numel(t.shape, mod.kind, tp) for t in mod.tensors)
         if mod.kind == "embedding":
             traffic = value_bytes * tokens * m.hidden
-            out.append(Unit(mod.name, None, shards, 0.0, 0.0, 0.0, traffic, 2 * traffic))
+            unit = Unit(mod.name, None, shards, 0.0, 0.0, 0.0, traffic, 2 * traffic)
         elif mod.kind == "norm":
             traffic = 2 * value_bytes * tokens * m.hidden
-            out.append(Unit(mod.name, mod.block, shards, 0.0, 0.0, 0.0, traffic, 2 * traffic))
+            unit = Unit(mod.name, mod.block, shards, 0.0, 0.0, 0.0, traffic, 2 * traffic)
         else:
-            out.append(_linear_unit(m, mod.name, mod.block, shards, mod.tensors[0].shape, tokens, tp,
-                                    routed=mod.expert is not None, value_bytes=value_bytes))
-        if mod.name.endswith(("v_proj", "c_attn")):
-            out.append(_attention_core(m, mod.block, seq_len, micro_batch, tp, value_bytes))
+            unit = _linear_unit(m, mod.name, mod.block, shards, mod.tensors[0].shape, tokens, tp,
+                                routed=mod.expert is not None, value_bytes=value_bytes, head=mod.role is Role.HEAD)
+        out.append(replace(unit, role=mod.role, containers=_containers(mod.block, mod.container)))
+        if mod.feeds_attention:
+            core = _attention_core(m, mod.block, seq_len, micro_batch, tp, value_bytes)
+            out.append(replace(core, containers=_containers(mod.block, mod.container)))
     if m.tied_embeddings:
         head = _linear_unit(m, "lm_head (tied)", None, (), (m.vocab, m.hidden), tokens, tp, routed=False,
-                            value_bytes=value_bytes)
-        out.append(replace(head, shares="model.embed_tokens"))
+                            value_bytes=value_bytes, head=True)
+        out.append(replace(head, shares="model.embed_tokens", role=Role.HEAD))
     return out
+
+
+def _containers(block: int | None, container: str) -> tuple[str, ...]:
+    """The root, the block, and the attention / MLP / MoE module, as far as they enclose."""
+    if block is None:
+        return ("root",)
+    here = f"model.layers.{block}"
+    return ("root", here, container) if container else ("root", here)
 
 
 def _tp_numel(shape: tuple[int, ...], kind: str, tp: int) -> int:
@@ -68,14 +81,15 @@ def _tp_numel(shape: tuple[int, ...], kind: str, tp: int) -> int:
 
 
 def _linear_unit(m: ModelSpec, name: str, block: int | None, shards: tuple[int, ...],
-                 shape: tuple[int, ...], tokens: int, tp: int, routed: bool, value_bytes: int = 2) -> Unit:
+                 shape: tuple[int, ...], tokens: int, tp: int, routed: bool, value_bytes: int = 2,
+                 head: bool = False) -> Unit:
     """2 T in out per pass; routed experts see T k / E tokens (balanced routing)."""
     inp, out = (shape[1], shape[0]) if len(shape) == 2 else (shape[0], 1)
     if routed:
         tokens = tokens * m.experts_per_token / m.experts
     gemm = 2.0 * tokens * inp * out / tp
     traffic = value_bytes * (inp * out + tokens * (inp + out)) / tp
-    if name == "lm_head" or name.startswith("lm_head"):
+    if head:
         traffic += 4.0 * tokens * m.vocab / tp  # fp32 logits for the loss
     return Unit(name, block, shards, gemm, gemm, gemm, traffic, 2 * traffic)
 
@@ -108,21 +122,27 @@ def unit_count(m: ModelSpec, *, per_module: bool) -> int:
     return outside + m.layers * per_block
 
 
-def merge(group: list[Unit], name: str) -> Unit:
+def merge(group: list[Unit], name: str, role: Role) -> Unit:
     """Sum a list of units into one (a block, or FSDP2's root group)."""
     return Unit(name, group[0].block, tuple(t for u in group for t in u.tensors),
                 sum(u.fwd_flops for u in group), sum(u.bwd_input_flops for u in group),
                 sum(u.bwd_weight_flops for u in group), sum(u.fwd_bytes for u in group),
-                sum(u.bwd_bytes for u in group), sum(u.attention_flops for u in group))
+                sum(u.bwd_bytes for u in group), sum(u.attention_flops for u in group), role=role,
+                containers=group[0].containers[:2])
+
+
+EMBEDDINGS = (Role.TOKEN_EMBEDDING, Role.POSITION_EMBEDDING)
 
 
 def blocks(all_units: list[Unit]) -> list[Unit]:
-    """Embedding unit(s), one unit per transformer block, then the head (norm + lm_head)."""
-    pre = [u for u in all_units if u.block is None and "embed" in u.name]
-    post = [u for u in all_units if u.block is None and "embed" not in u.name]
+    """Embedding unit(s), one unit per transformer block, then the head (norm + lm_head).
+    The merged embedding unit takes the token embedding's role (it is vocab-parallel)."""
+    pre = [u for u in all_units if u.role in EMBEDDINGS]
+    post = [u for u in all_units if u.block is None and u.role not in EMBEDDINGS]
     by_block: dict[int, list[Unit]] = {}
     for u in all_units:
         if u.block is not None:
             by_block.setdefault(u.block, []).append(u)
-    merged = [merge(pre, "embedding")] + [merge(v, f"model.layers.{k}") for k, v in sorted(by_block.items())]
-    return merged + [merge(post, "head")]
+    merged = [merge(pre, "embedding", Role.TOKEN_EMBEDDING)]
+    merged += [merge(v, f"model.layers.{k}", Role.BLOCK) for k, v in sorted(by_block.items())]
+    return merged + [merge(post, "head", Role.HEAD)]

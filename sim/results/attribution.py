@@ -11,10 +11,11 @@ the last compute op, blamed on the op that ended the step.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sim.core.enums import Coll
-from sim.engines.schedule import Kind, Op, Stream
+from sim.des.engine import Span
+from sim.engines.schedule import AnyOp, Collective, Compute, Copy, CpuStep, GpuOptimizer, Send, Stream
 
 
 @dataclass
@@ -27,19 +28,20 @@ class TimeBreakdown:
     exposed_by_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     exposed_by_layer: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
-    def blame(self, op: Op, seconds: float) -> None:
+    def blame(self, op: AnyOp, seconds: float) -> None:
         """Attribute `seconds` of the compute stream to `op`."""
         if seconds <= 0:
             return
-        if op.kind is Kind.COMPUTE:
+        if isinstance(op, Compute):
             self.compute_s += seconds
-        elif op.kind is Kind.OPTIMIZER:
+        elif isinstance(op, GpuOptimizer):
             self.optimizer_s += seconds
-        elif op.kind in (Kind.COPY, Kind.CPU_OPTIMIZER):
+        elif isinstance(op, Copy | CpuStep):
             self.exposed_offload_s += seconds
-        elif op.coll is Coll.SEND_RECV:
+        elif isinstance(op, Send):
             self.bubble_s += seconds
         else:
+            assert isinstance(op, Collective)
             self.exposed_comm_s += seconds
             self.exposed_by_kind[f"{op.coll} ({op.purpose})" if op.purpose else str(op.coll)] += seconds
             self.exposed_by_layer["-" if op.layer is None else str(op.layer)] += seconds
@@ -49,8 +51,7 @@ class TimeBreakdown:
         return self.compute_s + self.exposed_comm_s + self.exposed_offload_s + self.bubble_s + self.optimizer_s
 
 
-def attribute(spans: list, step_start: float, step_end: float,  # type: ignore[type-arg]
-              serial: bool = False) -> TimeBreakdown:
+def attribute(spans: Sequence[Span], step_start: float, step_end: float, serial: bool = False) -> TimeBreakdown:
     """Walk one rank's spans of one step and attribute its compute-stream timeline (every
     op when the rank ran serially)."""
     out = TimeBreakdown()

@@ -10,7 +10,7 @@ import pandas as pd
 
 from sim.analytic.opcost import bus_factor
 from sim.core.enums import Coll
-from sim.engines.schedule import Kind
+from sim.engines.schedule import Collective, Copy, Kind, Send
 
 
 def event_table(result: Any) -> pd.DataFrame:
@@ -19,13 +19,15 @@ def event_table(result: Any) -> pd.DataFrame:
     rows = []
     for sp in result.engine.spans:
         op = sp.op
-        group = len(layout.group(op.axis, sp.rank)) if op.axis is not None else 1
+        comm = op if isinstance(op, Collective | Send) else None
+        moved = op.nbytes if isinstance(op, Collective | Send | Copy) else 0.0
         rows.append({"rank": sp.rank, "node": layout.node(sp.rank), "step": sp.step, "stream": op.stream.value,
-                     "kind": op.kind.value, "name": op.name, "op": op.coll.value if op.coll else "",
+                     "kind": op.kind.value, "name": op.name, "op": comm.coll.value if comm else "",
                      "layer": op.layer, "phase": op.phase.value, "micro_step": op.micro_step,
                      "start_us": sp.start * 1e6, "end_us": sp.end * 1e6, "dur_us": (sp.end - sp.start) * 1e6,
-                     "wait_us": (sp.start - sp.ready) * 1e6, "bytes": op.nbytes,
-                     "group": op.axis.value if op.axis else "", "group_size": group})
+                     "wait_us": (sp.start - sp.ready) * 1e6, "bytes": moved,
+                     "group": comm.axis.value if comm else "",
+                     "group_size": len(layout.group(comm.axis, sp.rank)) if comm else 1})
     return pd.DataFrame(rows)
 
 

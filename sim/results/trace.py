@@ -12,7 +12,7 @@ from typing import Any
 
 from sim.analytic.opcost import wire_bytes_per_rank
 from sim.core.enums import Coll
-from sim.engines.schedule import Kind, Stream
+from sim.engines.schedule import Collective, Copy, Send, Stream
 
 US = 1e6
 STREAM_ORDER = {s: i for i, s in enumerate(Stream)}
@@ -55,8 +55,7 @@ def _args(span: Any, layout: Any, elem: int) -> dict[str, Any]:
     if span.blocker is not None:
         args["waited_for"] = span.blocker.name
         args["waited_us"] = (span.start - span.ready) * US
-    if op.kind is Kind.COLLECTIVE:
-        assert op.axis is not None and op.coll is not None
+    if isinstance(op, Collective | Send):
         n = len(layout.group(op.axis, span.rank))
         nelems = op.nbytes / elem
         per_rank_in = nelems / n if op.coll is Coll.ALL_GATHER else nelems
@@ -65,7 +64,7 @@ def _args(span: Any, layout: Any, elem: int) -> dict[str, Any]:
                      "Out msg nelems": int(per_rank_out), "Group size": n, "dtype": "bf16/fp16" if elem == 2 else "fp32",
                      "group": op.axis.value, "purpose": op.purpose,
                      "wire bytes per rank": wire_bytes_per_rank(op.coll, op.nbytes, n)})
-    elif op.kind is Kind.COPY:
+    elif isinstance(op, Copy):
         args["bytes"] = op.nbytes
     return args
 

@@ -28,7 +28,8 @@ from sim.core.enums import Engine, ScheduleMode, ZeroStage
 from sim.core.model import module_buffers
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.des.engine import local_time
-from sim.engines.schedule import Kind, Op
+from sim.engines.layout import Layout
+from sim.engines.schedule import AnyOp, Collective, Copy, Send
 from sim.inputs.scenario import Scenario
 
 
@@ -72,15 +73,15 @@ def data_parallel_volume(s: Scenario) -> dict[str, float]:
                             full_recompute=t.recompute.value == "full", fp16=t.precision.value == "fp16")
 
 
-def op_cost(op: Op, s: Scenario, layout: Any) -> float:
+def op_cost(op: AnyOp, s: Scenario, layout: Layout) -> float:
     """Closed-form duration of one op with nothing else running."""
     cluster = s.cluster
     alone = local_time(op, s)
     if alone is not None:
         return alone
-    if op.kind is Kind.COPY:
+    if isinstance(op, Copy):
         return cluster.host.pcie.latency + op.nbytes / opcost.pcie_bandwidth(cluster)
-    assert op.axis is not None and op.coll is not None
+    assert isinstance(op, Collective | Send), op
     members = layout.group(op.axis, layout.representatives[0])
     nodes, per_node = layout.group_span(op.axis, layout.representatives[0])
     phases = opcost.collective_phases(op.coll, op.nbytes, opcost.GroupShape(len(members), nodes, per_node),

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sim.core.enums import Axis, ZeroStage
+from sim.core.enums import ZeroStage
 from sim.engines.plan import layout_of, plan
-from sim.engines.schedule import Kind, Mem, Phase
+from sim.engines.schedule import Collective, Mem, Phase, Send
 from sim.inputs.load import scenario_from_table
 from sim.inputs.scenario import Scenario
 
@@ -46,9 +46,8 @@ def planned(s: Scenario) -> list[tuple[str, str, int, int]]:
     layout = layout_of(s)
     out = []
     for op in sorted(plan(s).ops(0), key=lambda o: o.id):
-        if op.kind is Kind.COLLECTIVE:
-            assert op.coll is not None
-            size = len(layout.group(op.axis or Axis.DP, 0))
+        if isinstance(op, Collective | Send):
+            size = len(layout.group(op.axis, 0))
             out.append((PHASES[op.phase], op.coll.value, int(op.nbytes), size))
     return out
 

@@ -21,7 +21,7 @@ import numpy as np
 from sim.core.enums import Coll
 from sim.engines.layout import Layout
 from sim.engines.paper import PaperPlanner
-from sim.engines.schedule import Kind, Op, Schedule
+from sim.engines.schedule import AnyOp, Collective, Compute, GpuOptimizer, Schedule
 from sim.engines.workload import Unit
 from sim.inputs.load import scenario_from_table
 
@@ -136,8 +136,8 @@ def parameters(run: Run) -> np.ndarray:
     return run.state[0].params.copy()  # type: ignore[union-attr]
 
 
-def _execute(run: Run, op: Op) -> None:
-    if op.kind is Kind.COMPUTE:
+def _execute(run: Run, op: AnyOp) -> None:
+    if isinstance(op, Compute):
         layer = int(re.search(r"layer(\d+)", op.name).group(1)) if "layer" in op.name else None  # type: ignore[union-attr]
         if layer is not None:
             {"fwd": _forward, "bwd-input": _backward_input, "bwd-weight": _backward_weight}[op.name.split()[0]](run, layer)
@@ -145,9 +145,9 @@ def _execute(run: Run, op: Op) -> None:
             if alloc.label.startswith("segment "):
                 for rank in run.state:
                     rank.fetched.pop(int(alloc.label.split()[1]), None)
-    elif op.kind is Kind.OPTIMIZER:
+    elif isinstance(op, GpuOptimizer):
         _adam(run)
-    elif op.kind is Kind.COLLECTIVE:
+    elif isinstance(op, Collective):
         _collective(run, op)
 
 
@@ -211,7 +211,7 @@ def _sum(arrays: list[np.ndarray], ranks: int) -> np.ndarray:
     return total / F32(ranks)
 
 
-def _collective(run: Run, op: Op) -> None:
+def _collective(run: Run, op: Collective) -> None:
     k_match = re.search(r"segment (\d+)", op.name)
     k = int(k_match.group(1)) if k_match else None
     K, state = run.ranks, run.state
