@@ -14,9 +14,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.engines.schedule import ClassSchedule, Op
+from sim.engines.schedule import AnyOp, ClassSchedule, Stream
 from sim.inputs.scenario import Scenario
 
 
@@ -27,7 +28,8 @@ class ClassPlan:
     follows: frozenset[int]
 
     @staticmethod
-    def of(cls: ClassSchedule, s: Scenario, *, local_time, fuse: bool = True) -> ClassPlan:  # noqa: ANN001
+    def of(cls: ClassSchedule, s: Scenario, *, local_time: Callable[[AnyOp, Scenario], float | None],
+           fuse: bool = True) -> ClassPlan:
         ops = list(cls.ops())
         duration = {op.id: local_time(op, s) for op in ops}
         awaited = frozenset(d for op in ops for d in op.deps)
@@ -48,14 +50,14 @@ def _follows(cls: ClassSchedule, duration: dict[int, float | None], awaited: fro
 
 def implied_deps(cls: ClassSchedule) -> dict[int, bool]:
     """op id -> whether all its dependencies are implied by its stream order (see above)."""
-    stream_of: dict[int, object] = {}
+    stream_of: dict[int, Stream] = {}
     position: dict[int, int] = {}
     previous: dict[int, int | None] = {}
     for stream, stream_ops in cls.streams.items():
         for i, op in enumerate(stream_ops):
             stream_of[op.id], position[op.id] = stream, i
             previous[op.id] = stream_ops[i - 1].id if i else None
-    known: dict[int, dict[object, int]] = {}   # op -> the furthest position of each stream done when it ends
+    known: dict[int, dict[Stream, int]] = {}   # op -> the furthest position of each stream done when it ends
     out: dict[int, bool] = {}
     for op in sorted(cls.ops(), key=lambda o: o.id):      # a dependency always has a smaller id
         here = stream_of[op.id]
@@ -75,7 +77,7 @@ def implied_deps(cls: ClassSchedule) -> dict[int, bool]:
     return out
 
 
-def check_dependency_order(ops: list[Op]) -> None:
+def check_dependency_order(ops: list[AnyOp]) -> None:
     """The planners give every op a larger id than its dependencies (issue order)."""
     for op in ops:
         assert all(d < op.id for d in op.deps), op

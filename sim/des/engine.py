@@ -10,7 +10,7 @@ carry the same flows, so both modes give the same times on symmetric layouts).
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -40,13 +40,15 @@ from sim.inputs.scenario import Scenario
 
 def local_time(op: AnyOp, s: Scenario) -> float | None:
     """Duration of an op that shares no link (sim.analytic.opcost), None for the others."""
-    common = {"precision": s.training.precision.value, "cluster": s.cluster, "ranks_per_node": s.gpus_per_node}
+    precision, cluster, per_node = s.training.precision.value, s.cluster, s.gpus_per_node
     if isinstance(op, Compute):
         return opcost.device_op_time("compute", flops=op.flops, mem_bytes=op.mem_bytes,
-                                     elementwise_bytes=op.elementwise_bytes, params=0.0, **common)
+                                     elementwise_bytes=op.elementwise_bytes, params=0.0, precision=precision,
+                                     cluster=cluster, ranks_per_node=per_node)
     if isinstance(op, GpuOptimizer | CpuStep):
         return opcost.device_op_time(op.kind.value, flops=0.0, mem_bytes=0.0, elementwise_bytes=0.0,
-                                     params=op.params, **common)
+                                     params=op.params, precision=precision, cluster=cluster,
+                                     ranks_per_node=per_node)
     return None
 
 
@@ -69,7 +71,8 @@ def events_scheduled(env: simpy.Environment) -> int:
     event it queues from one counter (simpy/core.py `Environment.schedule`); reading it
     takes one number, which is harmless. Counting in an overridden `step` would cost a
     Python call per event."""
-    return next(env._eid)  # type: ignore[attr-defined]
+    counter: Iterator[int] = getattr(env, "_eid")
+    return next(counter)
 
 
 @dataclass(slots=True)
@@ -163,7 +166,7 @@ class EventEngine:
                     yield waiting[0]
                 elif waiting:
                     yield env.all_of(waiting)
-            blocker = None
+            blocker: AnyOp | None = None
             if op.waits_for:
                 local_end = env.now
                 for tag in op.waits_for:     # a pipeline send from the neighbouring stage
@@ -188,7 +191,9 @@ class EventEngine:
                     ends[op.id] = end
                     i += 1
                     op, ready, start, blocker = ops[i], end, end, None
-                    end = start + duration[op.id]  # type: ignore[operator]
+                    next_time = duration[op.id]
+                    assert next_time is not None      # `follows` only holds ops with a duration
+                    end = start + next_time
                 yield env.timeout(end - env.now)
                 end = env.now
             else:

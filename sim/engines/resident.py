@@ -54,12 +54,13 @@ class Resident:
 def resident_memory(s: Scenario, stage: int = 0) -> Resident:
     """The resident memory of one rank of pipeline stage `stage` under the scenario's engine."""
     census = stage_census(s.model, s.parallel.tp, s.parallel.pp, stage)
+    host: list[Alloc] = []
     if s.schedule_mode is ScheduleMode.PAPER:
-        device, host = _paper(s, census), []
+        device = _paper(s, census)
     elif s.engine is Engine.FSDP2:
         device, host = _fsdp2(s, census)
     elif s.engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY):
-        device, host = _ddp(s, census), []
+        device = _ddp(s, census)
     elif s.zero_stage == ZeroStage.PARAMETERS:
         device, host = _zero3(s, census)
     else:

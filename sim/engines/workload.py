@@ -85,10 +85,9 @@ def _linear_unit(m: ModelSpec, name: str, block: int | None, shards: tuple[int, 
                  head: bool = False) -> Unit:
     """2 T in out per pass; routed experts see T k / E tokens (balanced routing)."""
     inp, out = (shape[1], shape[0]) if len(shape) == 2 else (shape[0], 1)
-    if routed:
-        tokens = tokens * m.experts_per_token / m.experts
-    gemm = 2.0 * tokens * inp * out / tp
-    traffic = value_bytes * (inp * out + tokens * (inp + out)) / tp
+    routed_tokens = tokens * m.experts_per_token / m.experts if routed else float(tokens)
+    gemm = 2.0 * routed_tokens * inp * out / tp
+    traffic = value_bytes * (inp * out + routed_tokens * (inp + out)) / tp
     if head:
         traffic += 4.0 * tokens * m.vocab / tp  # fp32 logits for the loss
     return Unit(name, block, shards, gemm, gemm, gemm, traffic, 2 * traffic)

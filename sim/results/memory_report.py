@@ -198,21 +198,22 @@ def _row(stage: ZeroStage, states: ModelStateBytes, activ: float, buffers: float
 def _activations(s: Scenario, pp_stage: int) -> float:
     """Activations held by one rank of pipeline stage `pp_stage` at its peak (1F1B)."""
     m, p, t = s.model, s.parallel, s.training
-    kw = dict(tp=p.tp, sequence_parallel=p.sequence_parallel,
-              value_bytes=4 if t.precision.value == "fp32" else 2)
+    value_bytes = 4 if t.precision.value == "fp32" else 2
     layers = m.layers // p.pp
     inflight = act.inflight_microbatches(p.pp, t.grad_accum, pp_stage)
-    per_layer = act.layer_activation_bytes(m, t.seq_len, t.micro_batch, recompute=t.recompute, **kw)
+    per_layer = act.layer_activation_bytes(m, t.seq_len, t.micro_batch, recompute=t.recompute, tp=p.tp,
+                                           sequence_parallel=p.sequence_parallel, value_bytes=value_bytes)
     if t.recompute is act.Recompute.FULL:
         if t.partition_activations and not p.sequence_parallel:
             per_layer /= p.tp  # ZeRO-R P_a: each TP rank keeps 1/t of every checkpoint
         if t.cpu_checkpointing:
             per_layer = 0.0    # checkpoints live in host memory
     total = layers * per_layer * inflight
-    total += act.recompute_working_bytes(m, t.seq_len, t.micro_batch, recompute=t.recompute, **kw)
+    total += act.recompute_working_bytes(m, t.seq_len, t.micro_batch, recompute=t.recompute, tp=p.tp,
+                                         sequence_parallel=p.sequence_parallel, value_bytes=value_bytes)
     if pp_stage == p.pp - 1:
         total += act.outside_layers_activation_bytes(m, t.seq_len, t.micro_batch, tp=p.tp,
-                                                     value_bytes=kw["value_bytes"])
+                                                     value_bytes=value_bytes)
     return total
 
 

@@ -4,16 +4,15 @@ average latency, algbw, busbw; deepspeed/utils/comms_logging.py `calc_bw_log`)."
 
 from __future__ import annotations
 
-from typing import Any
-
 import pandas as pd
 
 from sim.analytic.opcost import bus_factor
 from sim.core.enums import Coll
 from sim.engines.schedule import Collective, Copy, Kind, Send
+from sim.results.step import SimulationResult
 
 
-def event_table(result: Any) -> pd.DataFrame:
+def event_table(result: SimulationResult) -> pd.DataFrame:
     """One row per executed op: rank, node, stream, kind, name, op, layer, phase, times."""
     layout = result.layout
     rows = []
@@ -31,7 +30,7 @@ def event_table(result: Any) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def collective_summary(result: Any) -> pd.DataFrame:
+def collective_summary(result: SimulationResult) -> pd.DataFrame:
     """Per (op, message size): count, total / average latency, algbw and busbw (GB/s)."""
     events = event_table(result)
     coll = events[(events["kind"] == Kind.COLLECTIVE.value) & (events["rank"] == events["rank"].min())].copy()

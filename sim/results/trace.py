@@ -12,13 +12,16 @@ from typing import Any
 
 from sim.analytic.opcost import wire_bytes_per_rank
 from sim.core.enums import Coll
+from sim.des.engine import Span
+from sim.engines.layout import Layout
 from sim.engines.schedule import Collective, Copy, Send, Stream
+from sim.results.step import SimulationResult
 
 US = 1e6
 STREAM_ORDER = {s: i for i, s in enumerate(Stream)}
 
 
-def chrome_trace(result: Any) -> dict[str, Any]:  # SimulationResult
+def chrome_trace(result: SimulationResult) -> dict[str, Any]:
     """The trace as a JSON-serialisable dict (deterministic: sorted, no wall-clock data)."""
     layout, engine = result.layout, result.engine
     events: list[dict[str, Any]] = []
@@ -47,7 +50,7 @@ def chrome_trace(result: Any) -> dict[str, Any]:  # SimulationResult
                           "mode": result.mode.value, "steps": result.steps}}
 
 
-def _args(span: Any, layout: Any, elem: int) -> dict[str, Any]:
+def _args(span: Span, layout: Layout, elem: int) -> dict[str, Any]:
     op = span.op
     args: dict[str, Any] = {"phase": op.phase.value, "micro_step": op.micro_step, "step": span.step}
     if op.layer is not None:
@@ -69,6 +72,6 @@ def _args(span: Any, layout: Any, elem: int) -> dict[str, Any]:
     return args
 
 
-def write_chrome_trace(result: Any, path: str) -> None:
+def write_chrome_trace(result: SimulationResult, path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(chrome_trace(result), f, sort_keys=True, separators=(",", ":"))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 from sim.analytic import opcost
 from sim.analytic.memory import model_state_bytes
@@ -31,6 +30,7 @@ from sim.des.engine import local_time
 from sim.engines.layout import Layout
 from sim.engines.schedule import AnyOp, Collective, Copy, Send
 from sim.inputs.scenario import Scenario
+from sim.results.step import SimulationResult
 
 
 def expected_volume(s: Scenario) -> dict[str, float]:
@@ -96,7 +96,7 @@ class Bounds:
     by_stream: dict[str, float]
 
 
-def step_bounds(result: Any) -> Bounds:
+def step_bounds(result: SimulationResult) -> Bounds:
     """Lower bound: the busiest stream of any rank class; upper bound: every op of every
     class one after another (with pipeline stages, the stages' work in sequence)."""
     per_stream: dict[tuple[int, str], float] = defaultdict(float)
@@ -107,7 +107,7 @@ def step_bounds(result: Any) -> Bounds:
     return Bounds(max(per_stream.values()), sum(per_stream.values()), first)
 
 
-def check_rows(result: Any) -> list[tuple[str, float, float, str]]:
+def check_rows(result: SimulationResult) -> list[tuple[str, float, float, str]]:
     """(quantity, DES, analytic, relation) rows for one simulated scenario."""
     from sim.simulate import volume_by_kind
     s = result.scenario

@@ -124,7 +124,8 @@ def _validate_hf(world: int, accum: int, out: TextIO) -> int:
     ranks = spawn(world, "train_llama_cases", {"cases": cases})
     failures = 0
     for i, (label, (strategy, options)) in enumerate(HF_CASES.items()):
-        s = validation_scenario(strategy, SEQUENCE_MODEL, world, seq_len=32, micro_batch=2, grad_accum=accum, **options)
+        s = validation_scenario(strategy, SEQUENCE_MODEL, world, seq_len=32, micro_batch=2, grad_accum=accum,
+                                reshard_root=options.get("reshard_root"))
         same = all(recorded(r["cases"][i]["log"], 2) == planned(s) for r in ranks)
         plan = planned_state(s)
         memory = {k: max(r["cases"][i]["state"][k] for r in ranks) for k in plan} == plan

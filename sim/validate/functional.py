@@ -72,11 +72,19 @@ class Rank:
     v: np.ndarray | None = None
     acts: list[np.ndarray] = field(default_factory=list)
     delta: np.ndarray | None = None      # gradient flowing backward
+    delta_out: np.ndarray | None = None  # the gradient at the current layer's output
+    target: np.ndarray | None = None     # this rank's regression targets
 
     def stored(self) -> int:
         arrays = [self.params, self.segment, self.grads, self.m, self.v,
                   *self.fetched.values(), *self.grad_parts.values()]
         return sum(a.size for a in arrays if a is not None)
+
+
+def held(array: np.ndarray | None) -> np.ndarray:
+    """An array the schedule says a rank holds at this point (its absence is a bug)."""
+    assert array is not None
+    return array
 
 
 @dataclass
@@ -121,7 +129,7 @@ def train(mlp: Mlp, ranks: int, stage: int, steps: int = 10, batch_per_rank: int
         y = data.standard_normal((ranks * batch_per_rank, mlp.widths[-1])).astype(F32)
         for r, rank in enumerate(run.state):
             rank.acts = [x[r * batch_per_rank:(r + 1) * batch_per_rank]]
-            rank.target = y[r * batch_per_rank:(r + 1) * batch_per_rank]  # type: ignore[attr-defined]
+            rank.target = y[r * batch_per_rank:(r + 1) * batch_per_rank]
             rank.grads = np.zeros(mlp.params, F32) if stage < 2 else None
         for op in ops:
             _execute(run, op)
@@ -132,13 +140,14 @@ def train(mlp: Mlp, ranks: int, stage: int, steps: int = 10, batch_per_rank: int
 def parameters(run: Run) -> np.ndarray:
     """The trained flat parameter vector (rank 0's, or the segments put together)."""
     if run.stage == 3:
-        return np.concatenate([rank.segment for rank in run.state])  # type: ignore[misc]
-    return run.state[0].params.copy()  # type: ignore[union-attr]
+        return np.concatenate([rank.segment for rank in run.state if rank.segment is not None])
+    return held(run.state[0].params).copy()
 
 
 def _execute(run: Run, op: AnyOp) -> None:
     if isinstance(op, Compute):
-        layer = int(re.search(r"layer(\d+)", op.name).group(1)) if "layer" in op.name else None  # type: ignore[union-attr]
+        found = re.search(r"layer(\d+)", op.name)
+        layer = int(found.group(1)) if found else None
         if layer is not None:
             {"fwd": _forward, "bwd-input": _backward_input, "bwd-weight": _backward_weight}[op.name.split()[0]](run, layer)
         for alloc in op.free:   # ZeRO-3 drops a broadcast segment after its last use
@@ -163,7 +172,7 @@ def _layer(run: Run, rank: Rank, r: int, i: int) -> tuple[np.ndarray, np.ndarray
 
 def _segment_view(run: Run, rank: Rank, r: int, k: int) -> np.ndarray:
     if k == r:
-        return rank.segment  # type: ignore[return-value]
+        return held(rank.segment)
     if k in rank.fetched:
         return rank.fetched[k]
     return np.full(run.bounds(k).stop - run.bounds(k).start, np.nan, F32)  # not held: poison
@@ -176,21 +185,21 @@ def _forward(run: Run, i: int) -> None:
         out = rank.acts[-1] @ w + b
         rank.acts.append(np.maximum(out, 0) if i < last else out)
         if i == last:   # MSE loss, mean over this rank's batch: d loss / d out
-            rank.delta = (F32(2) * (out - rank.target) / F32(out.size)).astype(F32)  # type: ignore[attr-defined]
+            rank.delta = (F32(2) * (out - held(rank.target)) / F32(out.size)).astype(F32)
 
 
 def _backward_input(run: Run, i: int) -> None:
     for r, rank in enumerate(run.state):
         w, _ = _layer(run, rank, r, i)
-        rank.delta_out = rank.delta  # type: ignore[attr-defined]
+        rank.delta_out = held(rank.delta)
         if i > 0:
-            rank.delta = (rank.delta @ w.T) * (rank.acts[i] > 0)
+            rank.delta = (rank.delta_out @ w.T) * (rank.acts[i] > 0)
 
 
 def _backward_weight(run: Run, i: int) -> None:
     lo = run.offsets()[i]
     for rank in run.state:
-        delta = rank.delta_out  # type: ignore[attr-defined]
+        delta = held(rank.delta_out)
         g = np.concatenate([(rank.acts[i].T @ delta).ravel(), delta.sum(axis=0)]).astype(F32)
         if rank.grads is not None:
             rank.grads[lo:lo + g.size] += g
@@ -216,11 +225,11 @@ def _collective(run: Run, op: Collective) -> None:
     k = int(k_match.group(1)) if k_match else None
     K, state = run.ranks, run.state
     if op.coll is Coll.ALL_REDUCE:
-        mean = _sum([s.grads for s in state], K)  # type: ignore[misc]
+        mean = _sum([held(s.grads) for s in state], K)
         for s in state:
             s.grads = mean.copy()
     elif op.coll is Coll.REDUCE_SCATTER:
-        mean = _sum([s.grads for s in state], K)  # type: ignore[misc]
+        mean = _sum([held(s.grads) for s in state], K)
         for r, s in enumerate(state):
             s.grad_parts = {r: mean[run.bounds(r)].copy()}
             s.grads = None
@@ -236,9 +245,9 @@ def _collective(run: Run, op: Collective) -> None:
         assert k is not None
         for r, s in enumerate(state):
             if r != k:
-                s.fetched[k] = state[k].segment.copy()  # type: ignore[union-attr]
+                s.fetched[k] = held(state[k].segment).copy()
     elif op.coll is Coll.ALL_GATHER:
-        full = np.concatenate([state[r].params[run.bounds(r)] for r in range(K)])  # type: ignore[index]
+        full = np.concatenate([held(state[r].params)[run.bounds(r)] for r in range(K)])
         for s in state:
             s.params = full.copy()
     run.log.append({"step": run.step, "op": op.coll.value if op.coll else "", "name": op.name,
@@ -253,7 +262,7 @@ def _adam(run: Run) -> None:
         elif run.stage == 3:
             grad, target = s.grad_parts[r], s.segment
         else:
-            grad, target = (s.grad_parts[r], s.params[run.bounds(r)])  # type: ignore[index]
+            grad, target = (s.grad_parts[r], held(s.params)[run.bounds(r)])
         assert grad is not None and target is not None and s.m is not None and s.v is not None
         s.m[:] = BETA1 * s.m + (F32(1) - BETA1) * grad
         s.v[:] = BETA2 * s.v + (F32(1) - BETA2) * grad * grad

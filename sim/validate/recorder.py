@@ -60,7 +60,8 @@ class CollectiveRecorder(TorchDispatchMode):
     def __post_init__(self) -> None:
         super().__init__()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         packet = func._overloadpacket
         if packet in OPS:

@@ -40,7 +40,8 @@ def predicted_vs_measured(profile: Path, world: int, strategies: tuple[str, ...]
             config["zero"] = {"stage": int(strategy[-1])}
         ranks = spawn(world, "train_deepspeed" if strategy.startswith("deepspeed") else "train_llama", config)
         measured = statistics.median(max(r["step_s"][i] for r in ranks) for i in range(1, steps))
-        s = validation_scenario(strategy, TIMING_MODEL, world, cluster=str(profile), **TIMING_RUN)
+        s = validation_scenario(strategy, TIMING_MODEL, world, cluster=str(profile), seq_len=TIMING_RUN["seq_len"],
+                                micro_batch=TIMING_RUN["micro_batch"], grad_accum=TIMING_RUN["grad_accum"])
         predicted = simulate(s).step_time_s
         rows.append({"strategy": strategy, "world": world, "measured_s": measured, "predicted_s": predicted,
                      "error": predicted / measured - 1})

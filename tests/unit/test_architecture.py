@@ -102,3 +102,12 @@ def test_ruff_is_clean():
     ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
     p = subprocess.run([ruff, "check", "sim", "tests", "bench"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("mypy") is None and not (Path(sys.executable).parent / "mypy").exists(),
+                    reason="mypy is not installed")
+def test_mypy_is_clean():
+    """Typed ops and engines: mypy (configured in pyproject.toml) finds nothing in sim/."""
+    mypy = shutil.which("mypy") or str(Path(sys.executable).parent / "mypy")
+    p = subprocess.run([mypy], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:]
