@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.engines.schedule import AnyOp, ClassSchedule, Stream
+from sim.engines.schedule import AnyOp, ClassSchedule, Compute, CpuStep, GpuOptimizer, Stream
 from sim.inputs.scenario import Scenario
 
 
@@ -31,10 +31,26 @@ class ClassPlan:
     def of(cls: ClassSchedule, s: Scenario, *, local_time: Callable[[AnyOp, Scenario], float | None],
            fuse: bool = True) -> ClassPlan:
         ops = list(cls.ops())
-        duration = {op.id: local_time(op, s) for op in ops}
+        known: dict[tuple[object, ...], float | None] = {}   # identical blocks: identical costs
+        duration = {}
+        for op in ops:
+            key = _cost_key(op)
+            if key not in known:
+                known[key] = local_time(op, s)
+            duration[op.id] = known[key]
         awaited = frozenset(d for op in ops for d in op.deps)
         follows = _follows(cls, duration, awaited) if fuse else frozenset()
         return ClassPlan(duration, awaited, follows)
+
+
+def _cost_key(op: AnyOp) -> tuple[object, ...]:
+    """What an op's isolated duration depends on (the op's type and its work), or the op
+    itself for ops that use links (they have no isolated duration here)."""
+    if isinstance(op, Compute):
+        return (Compute, op.flops, op.mem_bytes, op.elementwise_bytes)
+    if isinstance(op, GpuOptimizer | CpuStep):
+        return (type(op), op.params)
+    return (type(op), op.id)
 
 
 def _follows(cls: ClassSchedule, duration: dict[int, float | None], awaited: frozenset[int]) -> frozenset[int]:

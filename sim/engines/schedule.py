@@ -79,10 +79,11 @@ class PipeTag:
         return f"{self.direction.value}{self.micro_step}"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Op:
     """What every op has: one operation on one stream of one rank (the same for all ranks of
-    a class). `deps` are ops of other streams (or host-side waits) that must end first;
+    a class). Ops are made once, by `Builder.finish`, and never changed after (not frozen
+    only because a frozen dataclass costs three times as much to build). `deps` are ops of other streams (or host-side waits) that must end first;
     `waits_for` are pipeline sends from a neighbouring stage that must arrive first."""
 
     kind: ClassVar[Kind]
@@ -99,7 +100,7 @@ class Op:
     waits_for: tuple[PipeTag, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Compute(Op):
     """Kernels on the GPU: GEMMs (roofline of `flops` and `mem_bytes`) then memory-bound
     kernels moving `elementwise_bytes` (sim.analytic.opcost.compute_time)."""
@@ -110,7 +111,7 @@ class Compute(Op):
     elementwise_bytes: float = 0.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class GpuOptimizer(Op):
     """Adam over `params` parameters on the GPU (memory-bound)."""
 
@@ -118,7 +119,7 @@ class GpuOptimizer(Op):
     params: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class CpuStep(Op):
     """CPU-Adam over `params` parameters on the host (ZeRO-Offload, FSDP2 CPU offload)."""
 
@@ -126,7 +127,7 @@ class CpuStep(Op):
     params: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Collective(Op):
     """A collective on the group along `axis`; `nbytes` is the buffer S (nccl-tests)."""
 
@@ -136,7 +137,7 @@ class Collective(Op):
     nbytes: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Send(Op):
     """A pipeline send of `nbytes` to the stage `peer` away (+1 next, -1 previous); the
     receiving stage's op that `waits_for` `tag` starts once it has arrived."""
@@ -149,7 +150,7 @@ class Send(Op):
     peer: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Copy(Op):
     """A PCIe copy of `nbytes` in `direction` (H2D or D2H), on its own stream or another."""
 

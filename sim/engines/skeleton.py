@@ -11,7 +11,7 @@ the hooks to add collectives, copies and their ordering constraints.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -60,7 +60,7 @@ class Planner:
     name = "base"
     per_module = False   # ZeRO-3 plans per module; the others per block
 
-    def __init__(self, s: Scenario, layout: Layout, stage: int = 0, granules: list[Unit] | None = None) -> None:
+    def __init__(self, s: Scenario, layout: Layout, stage: int = 0, granules: Sequence[Unit] | None = None) -> None:
         self.s, self.layout, self.stage_index = s, layout, stage
         self.m, self.t, self.dp = s.model, s.training, layout.dp
         self.b = Builder()

@@ -9,7 +9,9 @@ transformer block (the DDP / ZeRO-1/2 / FSDP2 granularity).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 
 from sim.core.model import Family, ModelSpec, Position, Role, module_tree
 
@@ -37,31 +39,34 @@ class Unit:
         return sum(self.tensors)
 
 
-def units(m: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, value_bytes: int = 2) -> list[Unit]:
+@lru_cache(maxsize=16)
+def units(m: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, value_bytes: int = 2) -> tuple[Unit, ...]:
     """Parameter-owning modules in forward order, plus one attention-core unit per block;
-    `value_bytes` is the size of an activation / weight value (2 in mixed precision)."""
+    `value_bytes` is the size of an activation / weight value (2 in mixed precision).
+    Cached: every pipeline stage's planner asks for the same units."""
     tokens = seq_len * micro_batch
     out: list[Unit] = []
     for mod in module_tree(m):
         shards = tuple(_tp_numel(t.shape, mod.kind, tp) for t in mod.tensors)
+        where = _containers(mod.block, mod.container)
         if mod.kind == "embedding":
             traffic = value_bytes * tokens * m.hidden
-            unit = Unit(mod.name, None, shards, 0.0, 0.0, 0.0, traffic, 2 * traffic)
+            out.append(Unit(mod.name, None, shards, 0.0, 0.0, 0.0, traffic, 2 * traffic, role=mod.role,
+                            containers=where))
         elif mod.kind == "norm":
             traffic = 2 * value_bytes * tokens * m.hidden
-            unit = Unit(mod.name, mod.block, shards, 0.0, 0.0, 0.0, traffic, 2 * traffic)
+            out.append(Unit(mod.name, mod.block, shards, 0.0, 0.0, 0.0, traffic, 2 * traffic, role=mod.role,
+                            containers=where))
         else:
-            unit = _linear_unit(m, mod.name, mod.block, shards, mod.tensors[0].shape, tokens, tp,
-                                routed=mod.expert is not None, value_bytes=value_bytes, head=mod.role is Role.HEAD)
-        out.append(replace(unit, role=mod.role, containers=_containers(mod.block, mod.container)))
+            out.append(_linear_unit(m, mod.name, mod.block, shards, mod.tensors[0].shape, tokens, tp,
+                                    routed=mod.expert is not None, value_bytes=value_bytes, role=mod.role,
+                                    containers=where))
         if mod.feeds_attention:
-            core = _attention_core(m, mod.block, seq_len, micro_batch, tp, value_bytes)
-            out.append(replace(core, containers=_containers(mod.block, mod.container)))
+            out.append(_attention_core(m, mod.block, seq_len, micro_batch, tp, value_bytes, where))
     if m.tied_embeddings:
-        head = _linear_unit(m, "lm_head (tied)", None, (), (m.vocab, m.hidden), tokens, tp, routed=False,
-                            value_bytes=value_bytes, head=True)
-        out.append(replace(head, shares="model.embed_tokens", role=Role.HEAD))
-    return out
+        out.append(_linear_unit(m, "lm_head (tied)", None, (), (m.vocab, m.hidden), tokens, tp, routed=False,
+                                value_bytes=value_bytes, role=Role.HEAD, shares="model.embed_tokens"))
+    return tuple(out)
 
 
 def _containers(block: int | None, container: str) -> tuple[str, ...]:
@@ -82,19 +87,20 @@ def _tp_numel(shape: tuple[int, ...], kind: str, tp: int) -> int:
 
 def _linear_unit(m: ModelSpec, name: str, block: int | None, shards: tuple[int, ...],
                  shape: tuple[int, ...], tokens: int, tp: int, routed: bool, value_bytes: int = 2,
-                 head: bool = False) -> Unit:
+                 role: Role = Role.BLOCK, containers: tuple[str, ...] = ("root",), shares: str | None = None) -> Unit:
     """2 T in out per pass; routed experts see T k / E tokens (balanced routing)."""
     inp, out = (shape[1], shape[0]) if len(shape) == 2 else (shape[0], 1)
     routed_tokens = tokens * m.experts_per_token / m.experts if routed else float(tokens)
     gemm = 2.0 * routed_tokens * inp * out / tp
     traffic = value_bytes * (inp * out + routed_tokens * (inp + out)) / tp
-    if head:
+    if role is Role.HEAD:
         traffic += 4.0 * tokens * m.vocab / tp  # fp32 logits for the loss
-    return Unit(name, block, shards, gemm, gemm, gemm, traffic, 2 * traffic)
+    return Unit(name, block, shards, gemm, gemm, gemm, traffic, 2 * traffic, shares=shares, role=role,
+                containers=containers)
 
 
 def _attention_core(m: ModelSpec, block: int | None, seq_len: int, micro_batch: int, tp: int,
-                    value_bytes: int = 2) -> Unit:
+                    value_bytes: int, containers: tuple[str, ...]) -> Unit:
     """QK^T and AV: 4 s^2 a d b forward; a causal kernel computes about half of it.
 
     Hardware time uses the causal half; model FLOPs (sim.analytic.compute) count the
@@ -103,7 +109,7 @@ def _attention_core(m: ModelSpec, block: int | None, seq_len: int, micro_batch: 
     flops = 0.5 * 4.0 * seq_len**2 * m.heads * m.head_dim * micro_batch / tp
     traffic = value_bytes * 4 * seq_len * micro_batch * m.q_dim / tp
     return Unit(f"model.layers.{block}.attention", block, (), flops, 2 * flops, 0.0, traffic,
-                2 * traffic, attention_flops=flops)
+                2 * traffic, attention_flops=flops, containers=containers)
 
 
 def unit_count(m: ModelSpec, *, per_module: bool) -> int:
@@ -133,7 +139,7 @@ def merge(group: list[Unit], name: str, role: Role) -> Unit:
 EMBEDDINGS = (Role.TOKEN_EMBEDDING, Role.POSITION_EMBEDDING)
 
 
-def blocks(all_units: list[Unit]) -> list[Unit]:
+def blocks(all_units: Sequence[Unit]) -> list[Unit]:
     """Embedding unit(s), one unit per transformer block, then the head (norm + lm_head).
     The merged embedding unit takes the token embedding's role (it is vocab-parallel)."""
     pre = [u for u in all_units if u.role in EMBEDDINGS]
