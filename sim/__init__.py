@@ -22,7 +22,7 @@ from typing import Any
 _API = {
     "load_scenario": "sim.inputs.load", "scenario_from_table": "sim.inputs.load",
     "Scenario": "sim.inputs.scenario", "InputError": "sim.core.errors",
-    "plan": "sim.engines.plan", "resident_memory": "sim.engines.resident",
+    "plan": "sim.engines.plan", "resident_memory": "sim.engines.plan", "model_of": "sim.engines.plan",
     "simulate": "sim.simulate", "SimulationResult": "sim.simulate",
     "scenario_report": "sim.results.memory_report", "quick_report": "sim.results.memory_report",
     "event_table": "sim.results.tables", "collective_summary": "sim.results.tables",

@@ -70,13 +70,14 @@ def ddp_engine_volume(psi: int, dp: int, *, zero_redundancy: bool, clipping: boo
     return out
 
 
-def fsdp2_volume(m: ModelSpec, dp: int, *, grad_accum: int, param_bytes: int, reduce_bytes: int,
-                 reshard_after_forward: bool, clipping: bool) -> dict[str, float]:
+def fsdp2_engine_volume(m: ModelSpec, dp: int, *, grad_accum: int, param_bytes: int, reduce_bytes: int,
+                        reshard_after_forward: bool, reshard_root: bool, clipping: bool) -> dict[str, float]:
     """FSDP2 per block + root: forward all-gather of every unit, backward all-gather of the
-    resharded blocks (not the root), one reduce-scatter per unit, every micro-step."""
+    resharded blocks (and of the root when it is resharded too), one reduce-scatter per unit,
+    every micro-step."""
     blocks = sum(dim0_padded(t.shape, dp) for mod in module_tree(m) if mod.block is not None for t in mod.tensors)
     total = sum(dim0_padded(t.shape, dp) for mod in module_tree(m) for t in mod.tensors)
-    gathered = total + (blocks if reshard_after_forward else 0)
+    gathered = total + (blocks if reshard_after_forward else 0) + ((total - blocks) if reshard_root else 0)
     out = {"all_gather": grad_accum * _once(param_bytes * gathered, dp),
            "reduce_scatter": grad_accum * _once(reduce_bytes * total, dp)}
     if clipping:

@@ -12,11 +12,18 @@ from its owner; the step waits for the most loaded rank.
 
 from __future__ import annotations
 
-from sim.core.enums import Coll, Engine
+import heapq
+
+from sim.analytic.placement import TensorGroup, census_numel, rank_tensors
+from sim.analytic.volumes import ddp_engine_volume
+from sim.core.enums import Coll, Engine, ScheduleMode
 from sim.core.model import module_buffers
 from sim.engines.buckets import DdpBucket
 from sim.engines.layout import Layout
-from sim.engines.schedule import OpRef, Phase, Stream
+from sim.engines.model import EngineModel
+from sim.engines.policies import GpuAdam
+from sim.engines.resident import Resident, resident
+from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Stream
 from sim.engines.skeleton import B, F, Planner, Use
 from sim.inputs.scenario import Scenario
 
@@ -47,6 +54,9 @@ class DdpPlanner(Planner):
         self.reductions: list[OpRef] = []
         self.tensors = [t for g in self.granules for t in g.tensors]
         self.owned = greedy_partition(self.tensors, self.dp) if self.zero1 else []
+
+    def resident_allocations(self, census: list[TensorGroup]) -> Resident:
+        return ddp_resident(self.s, census)
 
     def optimizer_params(self) -> float:
         if not self.zero1:
@@ -89,7 +99,7 @@ class DdpPlanner(Planner):
 
     def optimizer_step(self) -> None:
         norm = self.grad_norm()
-        step = self.adam(self.optimizer_params(), deps=[norm])
+        step = self.optimizer(GpuAdam(), self.optimizer_params(), [norm])
         if not self.zero1:
             return
         # _sync_params: for each rank in turn, a broadcast of every tensor it owns, in the order
@@ -110,3 +120,57 @@ class DdpPlanner(Planner):
             out.append(f"ZeroRedundancyOptimizer greedy partition: most loaded rank holds "
                        f"{max(loads) / (sum(loads) / len(loads)):.3f} x the mean")
         return out
+
+
+def ddp_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
+    psi = census_numel(census)
+    optimizer_params = psi
+    if s.engine is Engine.DDP_ZERO_REDUNDANCY:
+        optimizer_params = max(greedy_loads(census, s.parallel.dp))
+    return resident(s, [Alloc(Mem.PARAMS, "fp32 parameters", 4.0 * psi), Alloc(Mem.GRADS, "fp32 gradients", 4.0 * psi),
+                        Alloc(Mem.BUFFERS, "DDP gradient buckets", 4.0 * psi),
+                        Alloc(Mem.OPTIMIZER, "Adam m and v", 8.0 * optimizer_params)], [])
+
+
+def greedy_loads(census: list[TensorGroup], ranks: int) -> list[int]:
+    """Elements per rank under ZeroRedundancyOptimizer's `_partition_parameters`: tensors
+    largest first, each to the least loaded rank, ties to the lowest rank (the assignment
+    itself is sim.engines.ddp.greedy_partition). Equal-size tensors are interchangeable,
+    and once the loads differ by less than one tensor, `ranks` more of them go one to each
+    rank in the same order, so whole rounds are added at once."""
+    loads = [(0, r) for r in range(ranks)]       # a heap of (load, rank)
+    sizes: dict[int, int] = {}
+    for g in census:
+        sizes[g.numel] = sizes.get(g.numel, 0) + g.count
+    for numel in sorted(sizes, reverse=True):
+        left = sizes[numel]
+        while left:
+            spread = max(loads)[0] - loads[0][0]
+            if left >= ranks and spread < numel:
+                rounds = left // ranks
+                loads = [(load + rounds * numel, r) for load, r in loads]
+                heapq.heapify(loads)
+                left -= rounds * ranks
+                continue
+            load, rank = heapq.heappop(loads)
+            heapq.heappush(loads, (load + numel, rank))
+            left -= 1
+    return [load for load, _ in sorted(loads, key=lambda lr: lr[1])]
+
+
+def ddp_volume(s: Scenario) -> dict[str, float]:
+    """fp32 gradients all-reduced once per step (+ the clipping norm), ZeroRedundancy's
+    parameter broadcasts, and the module-buffer broadcast (sim.analytic.volumes)."""
+    assert s.ddp is not None
+    psi = sum(n for n, _ in rank_tensors(s.model, s.parallel.tp, s.parallel.pp, 0))
+    buffers = sum(b.numel * b.element_bytes for b in module_buffers(s.model)) if s.ddp.broadcast_buffers else 0.0
+    return ddp_engine_volume(psi, s.parallel.dp, zero_redundancy=s.engine is Engine.DDP_ZERO_REDUNDANCY,
+                             clipping=s.training.gradient_clipping > 0, buffer_bytes=buffers)
+
+
+DDP = EngineModel(
+    name="ddp", summary="torch DistributedDataParallel (autocast, fp32 states), with or without "
+                        "ZeroRedundancyOptimizer",
+    applies=lambda s: s.schedule_mode is ScheduleMode.IMPLEMENTED and s.engine in (Engine.DDP,
+                                                                                    Engine.DDP_ZERO_REDUNDANCY),
+    planner=DdpPlanner, resident=ddp_resident, volume=ddp_volume)

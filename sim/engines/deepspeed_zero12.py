@@ -21,9 +21,16 @@
 from __future__ import annotations
 
 from sim.analytic.comm import flat_padded
-from sim.core.enums import Coll, ZeroStage
+from sim.analytic.placement import TensorGroup, census_numel, rank_tensors
+from sim.analytic.volumes import deepspeed_volume
+from sim.core.enums import Coll, Recompute, ScheduleMode, ZeroStage
+from sim.core.errors import InputError
+from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.buckets import DeepSpeedBucket
 from sim.engines.layout import Layout
+from sim.engines.model import EngineModel
+from sim.engines.policies import DeepSpeedCpuAdam, GpuAdam
+from sim.engines.resident import Resident, half_bytes, resident
 from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Stream
 from sim.engines.skeleton import B, Planner, Use
 from sim.inputs.scenario import Scenario
@@ -46,6 +53,9 @@ class Zero12Planner(Planner):
         self.in_flight: OpRef | None = None   # the last bucket reduction launched (overlap_comm)
         self.offload_copies: list[OpRef] = []
         self.padded = flat_padded(self.psi, self.dp)
+
+    def resident_allocations(self, census: list[TensorGroup]) -> Resident:
+        return zero12_resident(self.s, census)
 
     def name_of_stage(self) -> str:
         return f"ZeRO-{int(self.stage)}" if self.stage else "DeepSpeed (no ZeRO)"
@@ -113,12 +123,9 @@ class Zero12Planner(Planner):
         shard = self.padded / n
         fp32_grads = Alloc(Mem.OPTIMIZER, "fp32 gradient partition", 4.0 * shard)
         if self.offload:
-            cpu = self.b.cpu_step("CPU-Adam", self.boundary, params=shard, deps=[norm, *self.offload_copies])
-            up = self.copy(Stream.H2D, shard * self.elem(self.half), "H2D 16-bit partition", Phase.STEP,
-                           self.boundary, deps=[cpu])
-            self.wait_before_next_compute(up)
+            self.optimizer(DeepSpeedCpuAdam(shard * self.elem(self.half)), shard, [norm, *self.offload_copies])
         else:
-            self.adam(shard, deps=[norm], holds=(fp32_grads,))
+            self.optimizer(GpuAdam((fp32_grads,)), shard, [norm])
         if self.stage > 0:
             self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.padded * self.elem(self.half),
                             "all_gather_into_tensor (16-bit partitions)", Phase.STEP, self.boundary,
@@ -127,3 +134,55 @@ class Zero12Planner(Planner):
     def notes(self) -> list[str]:
         return [f"{self.name_of_stage()}: one parameter group; overlap_comm={self.z.overlap_comm}"]
 
+
+def zero12_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
+    z, h, stage, dp = s.zero, half_bytes(s), s.zero_stage, s.parallel.dp
+    assert z is not None
+    psi = census_numel(census)
+    padded = flat_padded(psi, dp)
+    n = dp if stage >= ZeroStage.OPTIMIZER else 1
+    offload = z.offload_optimizer.enabled
+    device = [Alloc(Mem.PARAMS, "16-bit parameters", h * psi)]
+    if not (offload and stage >= ZeroStage.GRADIENTS):
+        device.append(Alloc(Mem.GRADS, "16-bit gradients", h * padded / (dp if stage >= ZeroStage.GRADIENTS else 1)))
+    host: list[Alloc] = []
+    if offload:
+        host.append(Alloc(Mem.OPTIMIZER, "fp32 master, Adam m and v, fp32 gradients (pinned)", 16.0 * padded / n))
+    else:
+        device += [Alloc(Mem.OPTIMIZER, "fp32 master parameters", 4.0 * padded / n),
+                   Alloc(Mem.OPTIMIZER, "Adam m and v", 8.0 * padded / n)]
+    if stage > 0:
+        device.append(Alloc(Mem.BUFFERS, "IPG bucket", (2 if z.overlap_comm else 1) * h * z.reduce_bucket_size))
+    return resident(s, device, host)
+
+
+def zero12_volume(s: Scenario) -> dict[str, float]:
+    """Bucketed all-reduces (every micro-step at ZeRO-2), the step's norm, the post-step
+    all-gather (sim.analytic.volumes.deepspeed_volume)."""
+    return deepspeed_dp_volume(s)
+
+
+def deepspeed_dp_volume(s: Scenario) -> dict[str, float]:
+    t, z = s.training, s.zero
+    assert z is not None
+    return deepspeed_volume(rank_tensors(s.model, s.parallel.tp, s.parallel.pp, 0), s.parallel.dp, int(z.stage),
+                            grad_accum=t.grad_accum, elem=BYTES_PER_ELEMENT[t.precision.value],
+                            clipping=t.gradient_clipping > 0, persistence_threshold=z.param_persistence_threshold,
+                            multi_rank_allreduce=not (z.reduce_scatter and not z.use_multi_rank_bucket_allreduce),
+                            full_recompute=t.recompute is Recompute.FULL, fp16=t.precision.value == "fp16")
+
+
+def no_partitioned_gradients_with_pipelines(s: Scenario) -> None:
+    """DeepSpeed's PipelineEngine asserts ZeRO stage < 2 (deepspeed/runtime/pipe/engine.py)."""
+    assert s.zero is not None
+    if s.zero.stage >= ZeroStage.GRADIENTS and s.parallel.pp > 1:
+        raise InputError(s.path or "scenario", "zero.stage", f"ZeRO-{int(s.zero.stage)} is incompatible with "
+                         f"pipeline parallelism (pp = {s.parallel.pp}) in DeepSpeed; allowed: 0, 1")
+
+
+DEEPSPEED_ZERO012 = EngineModel(
+    name="deepspeed-zero012", summary="DeepSpeed without ZeRO and with ZeRO-1 / ZeRO-2 (stage_1_and_2.py)",
+    applies=lambda s: (s.schedule_mode is ScheduleMode.IMPLEMENTED and s.zero is not None
+                       and s.zero.stage < ZeroStage.PARAMETERS),
+    planner=Zero12Planner, resident=zero12_resident, volume=zero12_volume,
+    check=no_partitioned_gradients_with_pipelines)

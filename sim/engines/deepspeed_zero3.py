@@ -24,10 +24,15 @@ from functools import cached_property
 from typing import NamedTuple
 
 from sim.analytic.comm import tensor_padded
-from sim.core.enums import Coll
+from sim.analytic.placement import TensorGroup
+from sim.core.enums import Coll, ScheduleMode, ZeroStage
 from sim.core.specs import IntraNodeTopology
 from sim.engines.buckets import DeepSpeedBucket
+from sim.engines.deepspeed_zero12 import deepspeed_dp_volume, no_partitioned_gradients_with_pipelines
 from sim.engines.layout import Layout
+from sim.engines.model import EngineModel
+from sim.engines.policies import DeepSpeedCpuAdam, GpuAdam
+from sim.engines.resident import Resident, half_bytes, resident
 from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Schedule, Stream
 from sim.engines.skeleton import B, C, F, Planner, Use
 from sim.inputs.scenario import Scenario
@@ -72,6 +77,9 @@ class Zero3Planner(Planner):
         self.offload_copies: list[OpRef] = []
         self.hook_time: OpRef | None = None
         self._in_backward = False
+
+    def resident_allocations(self, census: list[TensorGroup]) -> Resident:
+        return zero3_resident(self.s, census)
 
     def _owner_index(self, name: str) -> int:
         return self._index_of[name]
@@ -267,13 +275,10 @@ class Zero3Planner(Planner):
         norm = self.grad_norm(always=True, nbytes=8.0)
         shard = self.padded_total / self.dp
         if self.z.offload_optimizer.enabled:
-            cpu = self.b.cpu_step("CPU-Adam", self.boundary, params=shard, deps=[norm, *self.offload_copies])
-            up = self.copy(Stream.H2D, shard * self.h, "H2D 16-bit partition", Phase.STEP, self.boundary,
-                           deps=[cpu])
-            self.wait_before_next_compute(up)
+            self.optimizer(DeepSpeedCpuAdam(shard * self.h), shard, [norm, *self.offload_copies])
         else:
             tile = min(shard, self.z.sub_group_size)
-            self.adam(shard, deps=[norm], holds=(Alloc(Mem.OPTIMIZER, "fp32 gradient sub-group", 4.0 * tile),))
+            self.optimizer(GpuAdam((Alloc(Mem.OPTIMIZER, "fp32 gradient sub-group", 4.0 * tile),)), shard, [norm])
         padded = [tensor_padded(self.granules[self._owner_index(o)].tensors[j], self.dp)
                   for o, j in sorted(self.persistent, key=self._tensor_order)]
         if not padded:
@@ -293,3 +298,55 @@ class Zero3Planner(Planner):
     def notes(self) -> list[str]:
         return [f"ZeRO-3 steady state (trace recorded, prefetch on): {len(self.fetch)} fetch units, "
                 f"{len(self.persistent)} persistent tensors ({self.persistent_numel:,} elements)"]
+
+
+def zero3_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
+    z, h, dp = s.zero, half_bytes(s), s.parallel.dp
+    assert z is not None
+    shard = sum(tensor_padded(g.numel, dp) * g.count for g in census) / dp
+    device: list[Alloc] = []
+    host: list[Alloc] = []
+    if z.offload_param.enabled:
+        host.append(Alloc(Mem.PARAMS, "16-bit parameter partition (pinned)", h * shard))
+    else:
+        device.append(Alloc(Mem.PARAMS, "16-bit parameter partition", h * shard))
+    device.append(Alloc(Mem.PARAMS, "persistent parameters", h * persistent_numel(s, census)))
+    if z.offload_optimizer.enabled:
+        host.append(Alloc(Mem.OPTIMIZER, "fp32 master, Adam m and v, fp32 gradients (pinned)", 16.0 * shard))
+    else:
+        device += [Alloc(Mem.GRADS, "16-bit gradient partition", h * shard),
+                   Alloc(Mem.OPTIMIZER, "fp32 master parameters", 4.0 * shard),
+                   Alloc(Mem.OPTIMIZER, "Adam m and v", 8.0 * shard)]
+    device.append(Alloc(Mem.BUFFERS, "IPG bucket", h * z.reduce_bucket_size))
+    return resident(s, device, host)
+
+
+def persistent_numel(s: Scenario, census: list[TensorGroup]) -> int:
+    """ZeRO-3's persistent tensors (`ds_persist`): numel <= param_persistence_threshold,
+    in forward order while the running total stays <= model_persistence_threshold (when
+    that cap binds, a loop over the blocks, over their small tensors only)."""
+    z = s.zero
+    assert z is not None
+    small = [g for g in census if g.numel <= z.param_persistence_threshold]
+    everything = sum(g.numel * g.count for g in small)
+    if everything <= z.model_persistence_threshold:
+        return everything
+    inside = [i for i, g in enumerate(census) if g.in_block]
+    first, last = (inside[0], inside[-1]) if inside else (len(census), len(census) - 1)
+    block = [g.numel for g in census[first:last + 1] if g in small]
+    order = ([g.numel for g in census[:first] if g in small]
+             + block * (census[first].count if inside else 0)
+             + [g.numel for g in census[last + 1:] if g in small])
+    total = 0
+    for numel in order:
+        if total + numel <= z.model_persistence_threshold:
+            total += numel
+    return total
+
+
+DEEPSPEED_ZERO3 = EngineModel(
+    name="deepspeed-zero3", summary="DeepSpeed ZeRO-3 (stage3.py, partitioned_param_coordinator.py)",
+    applies=lambda s: (s.schedule_mode is ScheduleMode.IMPLEMENTED and s.zero is not None
+                       and s.zero.stage == ZeroStage.PARAMETERS),
+    planner=Zero3Planner, resident=zero3_resident, volume=deepspeed_dp_volume,
+    check=no_partitioned_gradients_with_pipelines)

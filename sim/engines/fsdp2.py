@@ -17,12 +17,20 @@ Gradient sync happens every micro-step (the default). Adam runs on the fp32 shar
 from __future__ import annotations
 
 from sim.analytic.comm import dim0_padded
-from sim.core.enums import Coll
+from sim.analytic.placement import TensorGroup
+from sim.analytic.volumes import fsdp2_engine_volume
+from sim.core.enums import Coll, Engine, ScheduleMode
+from sim.core.errors import InputError
 from sim.core.model import module_tree
+from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.layout import Layout
+from sim.engines.model import EngineModel
+from sim.engines.policies import GpuAdam, TorchCpuAdam
+from sim.engines.resident import Resident, resident
 from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Stream
 from sim.engines.skeleton import B, F, Planner, R, Use
 from sim.inputs.scenario import Scenario
+from sim.inputs.schema import NOT_SIMULATED_YET
 
 TORCH_CPU_ADAM_SLOWDOWN = 6.0  # DeepSpeedCPUAdam is "5x to 7x" faster than torch Adam (cpu_adam.py)
 
@@ -44,6 +52,9 @@ class Fsdp2Planner(Planner):
         self.bwd_done: dict[int, OpRef] = {}
         self.prev_rs: OpRef | None = None
         self.last_rs: OpRef | None = None
+
+    def resident_allocations(self, census: list[TensorGroup]) -> Resident:
+        return fsdp2_resident(self.s, census)
 
     def _padded_by_unit(self) -> dict[int, int]:
         """Unit -1 is the root (embedding, final norm, head); unit i is block i."""
@@ -158,13 +169,47 @@ class Fsdp2Planner(Planner):
         norm = self.grad_norm()
         shard = self.total_padded / self.dp
         if self.f.cpu_offload:
-            cpu = self.b.cpu_step("torch Adam on CPU", self.boundary, params=shard * TORCH_CPU_ADAM_SLOWDOWN,
-                                  deps=[norm, self.last_rs])
-            self.wait_before_next_compute(cpu)
-            self.compute("wait for the CPU step", Phase.STEP, self.boundary, 0.0, 0.0, None)
+            self.optimizer(TorchCpuAdam(TORCH_CPU_ADAM_SLOWDOWN), shard, [norm, self.last_rs])
         else:
-            self.adam(shard, deps=[norm])
+            self.optimizer(GpuAdam(), shard, [norm])
 
     def notes(self) -> list[str]:
         return [f"FSDP2: {self.m.layers} block units + root; reshard_after_forward={self.f.reshard_after_forward}, "
                 f"forward_prefetch={self.f.forward_prefetch}, backward_prefetch={self.f.backward_prefetch}"]
+
+
+def fsdp2_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
+    assert s.fsdp is not None
+    shard = sum(dim0_padded(g.shape, s.parallel.dp) * g.count for g in census) / s.parallel.dp
+    if s.fsdp.cpu_offload:
+        return resident(s, [], [Alloc(Mem.OPTIMIZER, "fp32 parameter, gradient and Adam shards (CPUOffloadPolicy)",
+                                      16.0 * shard)])
+    return resident(s, [Alloc(Mem.PARAMS, "fp32 parameter shards", 4.0 * shard),
+                        Alloc(Mem.GRADS, "fp32 gradient shards", 4.0 * shard),
+                        Alloc(Mem.OPTIMIZER, "Adam m and v", 8.0 * shard)], [])
+
+
+def fsdp2_volume(s: Scenario) -> dict[str, float]:
+    """Per block and root: forward all-gathers, backward all-gathers of what was resharded
+    (the root too with `reshard_root`), one reduce-scatter per unit, every micro-step."""
+    f, t = s.fsdp, s.training
+    assert f is not None
+    p = BYTES_PER_ELEMENT[f.param_dtype or t.precision.value]
+    r = BYTES_PER_ELEMENT[f.reduce_dtype or f.param_dtype or t.precision.value]
+    return fsdp2_engine_volume(s.model, s.parallel.dp, grad_accum=t.grad_accum, param_bytes=p, reduce_bytes=r,
+                               reshard_after_forward=f.reshard_after_forward, reshard_root=bool(f.reshard_root),
+                               clipping=t.gradient_clipping > 0)
+
+
+def one_dimensional(s: Scenario) -> None:
+    """FSDP2 is simulated per data-parallel shard group only (2D with TP, or PP: not yet)."""
+    for axis in ("tp", "pp"):
+        if getattr(s.parallel, axis) > 1:
+            raise InputError(s.path or "scenario", f"parallel.{axis}", f"{axis} > 1 with FSDP2: {NOT_SIMULATED_YET} "
+                             "(2D/3D layouts are simulated with DeepSpeed and DDP); allowed: 1")
+
+
+FSDP2 = EngineModel(
+    name="fsdp2", summary="PyTorch FSDP2, fully_shard per transformer block and on the root",
+    applies=lambda s: s.schedule_mode is ScheduleMode.IMPLEMENTED and s.engine is Engine.FSDP2,
+    planner=Fsdp2Planner, resident=fsdp2_resident, volume=fsdp2_volume, check=one_dimensional)

@@ -14,12 +14,20 @@ Volumes per rank: 2 Psi (stages 0-2) and 3 Psi (stage 3), times (N-1)/N.
 
 from __future__ import annotations
 
-from sim.core.enums import Coll, ZeroStage
+from sim.analytic.placement import TensorGroup, census_numel
+from sim.analytic.volumes import paper_volume
+from sim.core.enums import Coll, ScheduleMode, ZeroStage
+from sim.core.errors import InputError
+from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.layout import Layout
+from sim.engines.model import EngineModel
+from sim.engines.policies import GpuAdam
+from sim.engines.resident import Resident, half_bytes, resident
 from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Stream
 from sim.engines.skeleton import B, F, Planner, R, Use
 from sim.engines.workload import Unit
 from sim.inputs.scenario import Scenario
+from sim.inputs.schema import NOT_SIMULATED_YET
 
 
 class PaperPlanner(Planner):
@@ -39,6 +47,9 @@ class PaperPlanner(Planner):
         self.bcast: dict[tuple[int, Phase, int], OpRef] = {}
         self.reduced: set[tuple[int, int]] = set()
         self.last_comm: OpRef | None = None
+
+    def resident_allocations(self, census: list[TensorGroup]) -> Resident:
+        return paper_resident(self.s, census)
 
     def segments_of(self, index: int) -> list[int]:
         a, b = self.span[index]
@@ -106,10 +117,48 @@ class PaperPlanner(Planner):
 
     def optimizer_step(self) -> None:
         # idealised: no gradient clipping all-reduce
-        self.adam(self.psi / (self.dp if self.stage >= ZeroStage.OPTIMIZER else 1))
+        self.optimizer(GpuAdam(), self.psi / (self.dp if self.stage >= ZeroStage.OPTIMIZER else 1))
         if self.stage in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
             self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * self.psi, "all-gather parameters",
                             Phase.STEP, self.boundary, purpose="post-step")
 
     def notes(self) -> list[str]:
         return [f"paper schedule, stage {int(self.stage)}: {self.dp} segments of {self.seg:,.0f} parameters"]
+
+
+def paper_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
+    """(2 + 2 + 12) B per parameter, each term / dp once the stage shards it."""
+    psi, h, stage = census_numel(census), half_bytes(s), s.zero_stage
+    n = {z: s.parallel.dp if stage >= z else 1 for z in ZeroStage}
+    return resident(s, [Alloc(Mem.PARAMS, "16-bit parameters", h * psi / n[ZeroStage.PARAMETERS]),
+                        Alloc(Mem.GRADS, "16-bit gradients", h * psi / n[ZeroStage.GRADIENTS]),
+                        Alloc(Mem.OPTIMIZER, "fp32 parameters, Adam m and v", 12.0 * psi / n[ZeroStage.OPTIMIZER])],
+                    [])
+
+
+def paper_dp_volume(s: Scenario) -> dict[str, float]:
+    """The ZeRO paper's volumes (Sec. 7): 2 Psi at stages 0-2, 3 Psi at stage 3, per step."""
+    t = s.training
+    return paper_volume(s.model, s.parallel.dp, int(s.zero_stage), grad_accum=t.grad_accum,
+                        elem=BYTES_PER_ELEMENT[t.precision.value])
+
+
+def idealised_only(s: Scenario) -> None:
+    """The paper schedules are one data-parallel group keeping every state on the GPU."""
+    where = s.path or "scenario"
+    for axis in ("tp", "pp"):
+        if getattr(s.parallel, axis) > 1:
+            raise InputError(where, f"parallel.{axis}", f"{axis} > 1 with the paper schedules: {NOT_SIMULATED_YET} "
+                             "(2D/3D layouts are simulated with DeepSpeed and DDP); allowed: 1")
+    if s.zero is not None:
+        for key in ("offload_optimizer", "offload_param"):
+            if getattr(s.zero, key).enabled:
+                raise InputError(where, f"zero.{key}", f"offload with schedule = \"paper\": {NOT_SIMULATED_YET} "
+                                 "(the paper schedules keep every state on the GPU); allowed: \"none\", or "
+                                 "schedule = \"implemented\"")
+
+
+PAPER = EngineModel(
+    name="paper", summary="the ZeRO paper's / lecture's idealised schedules, stages 0-3",
+    applies=lambda s: s.schedule_mode is ScheduleMode.PAPER,
+    planner=PaperPlanner, resident=paper_resident, volume=paper_dp_volume, check=idealised_only)

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from sim.analytic import activations as act
+from sim.analytic.placement import TensorGroup, stage_census
 from sim.core.enums import Axis, Coll
 from sim.core.model import Role
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.builder import Builder
 from sim.engines.layout import Layout
-from sim.engines.resident import resident_memory
+from sim.engines.policies import OptimizerPlacement, Part, pipeline_order
+from sim.engines.resident import Resident
 from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, PipeTag, Schedule, Stream
 from sim.engines.workload import EMBEDDINGS, Unit, blocks, units
 from sim.inputs.scenario import Scenario
@@ -46,12 +48,6 @@ class Use:
     micro_step: int
 
 
-class Part(StrEnum):
-    """What of a micro-step a pipeline stage runs at one point of its order."""
-
-    FORWARD = "F"
-    BACKWARD = "B"
-    BOTH = "FB"
 
 
 class Planner:
@@ -153,17 +149,8 @@ class Planner:
         return Schedule(self.name, [self.b.finish()], self.notes())
 
     def pipeline_order(self) -> list[tuple[int, Part]]:
-        """Micro-batch order of this stage: all of each micro-batch without pipelining; 1F1B
-        (PipeDream-Flush, Narayanan et al. 2021 Sec. 2.2) with it: p - k - 1 warm-up
-        forwards, then one forward and one backward in turn, then the remaining backwards."""
-        m, pp = self.t.grad_accum, self.layout.pp
-        if pp == 1:
-            return [(i, Part.BOTH) for i in range(m)]
-        warmup = min(pp - self.stage_index - 1, m)
-        order = [(i, Part.FORWARD) for i in range(warmup)]
-        for i in range(m - warmup):
-            order += [(warmup + i, Part.FORWARD), (i, Part.BACKWARD)]
-        return order + [(i, Part.BACKWARD) for i in range(m - warmup, m)]
+        """Micro-batch order of this stage (sim.engines.policies: 1F1B with pipelining)."""
+        return pipeline_order(self.layout.pp).order(self.t.grad_accum, self.layout.pp, self.stage_index)
 
     def activation_bytes_between_stages(self) -> float:
         p = self.s.parallel
@@ -264,10 +251,14 @@ class Planner:
                                                    tp=self.s.parallel.tp, value_bytes=self.elem(self.half))
 
     # -- hooks -----------------------------------------------------------------------------
+    def resident_allocations(self, census: list[TensorGroup]) -> Resident:
+        """The engine's resident memory (its module's function, which `zerosim memory` reads too)."""
+        raise NotImplementedError
+
     def resident(self) -> None:
-        """Allocations that exist before the step: the model states, from the one source
-        that `zerosim memory` also reads (sim.engines.resident)."""
-        r = resident_memory(self.s, self.stage_index)
+        """Allocations that exist before the step: the model states."""
+        p = self.s.parallel
+        r = self.resident_allocations(stage_census(self.m, p.tp, p.pp, self.stage_index))
         for a in r.device:
             self.b.resident(a.category, a.label, a.nbytes)
         self.b.host_allocs.extend(r.host)
@@ -288,10 +279,9 @@ class Planner:
         return []
 
     # -- shared pieces ---------------------------------------------------------------------
-    def adam(self, params: float, deps: Iterable[OpRef | None] = (), holds: tuple[Alloc, ...] = ()) -> OpRef:
-        """Adam on the GPU over `params` parameters (memory-bound, sim.analytic.opcost);
-        `holds` are temporary buffers live while it runs."""
-        return self.b.gpu_optimizer("optimizer step (Adam)", self.boundary, params=params, deps=deps, holds=holds)
+    def optimizer(self, placement: OptimizerPlacement, params: float, deps: Iterable[OpRef | None] = ()) -> OpRef:
+        """The optimizer step over `params` parameters, where `placement` puts it."""
+        return placement.step(self.b, self.boundary, params, deps)
 
     def copy(self, direction: Stream, nbytes: float, name: str, phase: Phase, ms: int, *,
              stream: Stream | None = None, deps: Iterable[OpRef | None] = (), layer: int | None = None) -> OpRef:

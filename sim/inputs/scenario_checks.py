@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.core.enums import ZeroStage
 from sim.core.errors import InputError
 from sim.core.model import Position
 from sim.inputs.scenario import Scenario
@@ -21,7 +20,6 @@ def check_scenario(s: Scenario, source: Path) -> None:
     """Raise InputError for the first rule `s` breaks."""
     _check_shapes(s, source)
     _check_precision(s, source)
-    _check_engine_rules(s, source)
     _check_simulated(s, source)
 
 
@@ -49,31 +47,12 @@ def _check_precision(s: Scenario, source: Path) -> None:
         raise InputError(source, "training.precision", f"{gpu.name} has no bf16; allowed: fp16, fp32")
 
 
-def _check_engine_rules(s: Scenario, source: Path) -> None:
-    if s.zero is not None and s.zero.stage >= ZeroStage.GRADIENTS and s.parallel.pp > 1:
-        raise InputError(source, "zero.stage", f"ZeRO-{int(s.zero.stage)} is incompatible with pipeline "
-                         f"parallelism (pp = {s.parallel.pp}) in DeepSpeed; allowed: 0, 1")
-
-
 def _check_simulated(s: Scenario, source: Path) -> None:
-    """Combinations every command refuses until the simulator has them (one rule for
-    `zerosim run`, `memory` and `check`, so that they never disagree)."""
-    paper = s.schedule_mode.value == "paper"
-    engine = "the paper schedules" if paper else "FSDP2" if s.fsdp is not None else None
-    if engine is not None:
-        for axis in ("tp", "pp"):
-            if getattr(s.parallel, axis) > 1:
-                raise InputError(source, f"parallel.{axis}", f"{axis} > 1 with {engine}: {NOT_SIMULATED_YET} "
-                                 "(2D/3D layouts are simulated with DeepSpeed and DDP); allowed: 1")
+    """What no engine simulates yet (each engine's own limits are its model's checks,
+    sim.engines.plan.model_of, which every command goes through)."""
     t, p = s.training, s.parallel
     if t.partition_activations and p.tp > 1 and t.recompute.value == "full" and not p.sequence_parallel:
         raise InputError(source, "training.partition_activations", f"partitioned checkpoints with tp = {p.tp} "
                          f"and full recomputation: {NOT_SIMULATED_YET} (the all-gather of each checkpoint before "
                          "its recomputation); allowed: false (also the DeepSpeed config's "
                          "activation_checkpointing.partition_activations)")
-    if paper and s.zero is not None:
-        for key in ("offload_optimizer", "offload_param"):
-            if getattr(s.zero, key).enabled:
-                raise InputError(source, f"zero.{key}", f"offload with schedule = \"paper\": {NOT_SIMULATED_YET} "
-                                 "(the paper schedules keep every state on the GPU); allowed: \"none\", or "
-                                 "schedule = \"implemented\"")

@@ -21,7 +21,8 @@ from sim.analytic.memory import (
 from sim.analytic.params import largest_module_params, total_params
 from sim.analytic.placement import block_params_per_rank, params_per_stage
 from sim.core.enums import Convention, ScheduleMode, ZeroStage
-from sim.engines.resident import Resident, resident_memory
+from sim.engines.plan import model_of, resident_memory
+from sim.engines.resident import Resident
 from sim.engines.schedule import Mem
 from sim.inputs.scenario import Scenario
 from sim.inputs.zero_config import ZeroConfig
@@ -109,6 +110,7 @@ def scenario_report(s: Scenario, *, convention: Convention = Convention.ALLOCATE
     """The table for a scenario: its model, layout, activations and engine buffers. In the
     `allocated` convention the scenario's own row is what its engine holds (sim.engines.resident,
     the same allocations the simulator starts from) plus its largest transient buffers."""
+    model_of(s)                     # refuses what the scenario's engine cannot do, as `zerosim run` does
     m, p = s.model, s.parallel
     per_stage = params_per_stage(m, p.tp, p.pp)
     own = ZeroStage(s.zero_stage)

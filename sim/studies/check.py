@@ -16,18 +16,14 @@ from sim.analytic.memory import model_state_bytes
 from sim.analytic.placement import rank_tensors
 from sim.analytic.volumes import (
     add,
-    ddp_engine_volume,
-    deepspeed_volume,
-    fsdp2_volume,
-    paper_volume,
     pipeline_volume,
     tensor_parallel_volume,
 )
-from sim.core.enums import Engine, ScheduleMode, ZeroStage
-from sim.core.model import module_buffers
+from sim.core.enums import ScheduleMode, ZeroStage
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.des.engine import local_time
 from sim.engines.layout import Layout
+from sim.engines.plan import expected_dp_volume
 from sim.engines.schedule import AnyOp, Collective, Copy, Send
 from sim.inputs.scenario import Scenario
 from sim.results.step import SimulationResult
@@ -42,35 +38,7 @@ def expected_volume(s: Scenario) -> dict[str, float]:
                                 sequence_parallel=p.sequence_parallel, full_recompute=t.recompute.value == "full",
                                 **shape)
     pipe = pipeline_volume(0, p.pp, tp=p.tp, sequence_parallel=p.sequence_parallel, **shape)
-    return add(data_parallel_volume(s), tp, pipe)
-
-
-def data_parallel_volume(s: Scenario) -> dict[str, float]:
-    t, dp, m = s.training, s.parallel.dp, s.model
-    tensors = rank_tensors(m, s.parallel.tp, s.parallel.pp, 0)
-    psi = sum(n for n, _ in tensors)
-    half = BYTES_PER_ELEMENT[t.precision.value]
-    clipping = t.gradient_clipping > 0
-    if s.schedule_mode is ScheduleMode.PAPER:
-        return paper_volume(m, dp, int(s.zero_stage), grad_accum=t.grad_accum, elem=half)
-    if s.engine is Engine.FSDP2:
-        f = s.fsdp
-        assert f is not None
-        p = BYTES_PER_ELEMENT[f.param_dtype or t.precision.value]
-        r = BYTES_PER_ELEMENT[f.reduce_dtype or f.param_dtype or t.precision.value]
-        return fsdp2_volume(m, dp, grad_accum=t.grad_accum, param_bytes=p, reduce_bytes=r,
-                            reshard_after_forward=bool(f.reshard_after_forward), clipping=clipping)
-    if s.engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY):
-        assert s.ddp is not None
-        buffers = sum(b.numel * b.element_bytes for b in module_buffers(m)) if s.ddp.broadcast_buffers else 0.0
-        return ddp_engine_volume(psi, dp, zero_redundancy=s.engine is Engine.DDP_ZERO_REDUNDANCY, clipping=clipping,
-                                 buffer_bytes=buffers)
-    z = s.zero
-    assert z is not None
-    return deepspeed_volume(tensors, dp, int(z.stage), grad_accum=t.grad_accum, elem=half, clipping=clipping,
-                            persistence_threshold=z.param_persistence_threshold,
-                            multi_rank_allreduce=not (z.reduce_scatter and not z.use_multi_rank_bucket_allreduce),
-                            full_recompute=t.recompute.value == "full", fp16=t.precision.value == "fp16")
+    return add(expected_dp_volume(s), tp, pipe)
 
 
 def op_cost(op: AnyOp, s: Scenario, layout: Layout) -> float:

@@ -35,6 +35,7 @@ STRATEGIES: dict[str, dict] = {
                                              "stage3_prefetch_bucket_size": 0}, "parallel": {"tp": 2}},
     "fsdp2": {"fsdp": {}},
     "fsdp2-no-reshard": {"fsdp": {"reshard_after_forward": False}},
+    "fsdp2-reshard-root": {"fsdp": {"reshard_root": True}},
     "paper-zero0": {"zero": {"stage": 0}, "schedule": "paper"},
     "paper-zero1": {"zero": {"stage": 1}, "schedule": "paper"},
     "paper-zero2": {"zero": {"stage": 2}, "schedule": "paper"},
