@@ -6,6 +6,12 @@ equally among the flows on it, and a flow moves at the smallest share over its l
 recomputed whenever a flow starts or ends, so two collectives on one NIC each get half
 of it, and a transfer alone gets the full rate: then its time is exactly bytes / rate,
 the closed form of sim.analytic.opcost.
+
+Only the flows a change can affect are touched: those connected to the starting or ending
+flow through shared links (its component). Each flow keeps the time its remaining bytes
+were last brought up to date and its own completion timer; a rate change re-times the
+flows of the component only, so the work per change does not grow with the flows of other
+ranks or other links.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ class Flow:
     rate: float = 0.0
     override: float | None = None             # fixed rate (a bus-bandwidth table entry)
     order: int = 0
+    updated: float = 0.0                      # when `remaining` was last brought up to date
+    version: int = 0                          # bumps at every re-timing; older timers are void
 
 
 @dataclass
@@ -34,10 +42,8 @@ class FlowNetwork:
 
     env: simpy.Environment
     capacity: dict[LinkId, float]
-    flows: list[Flow] = field(default_factory=list)
     bytes_on: dict[LinkId, float] = field(default_factory=dict)
-    _last: float = 0.0
-    _version: int = 0
+    flows_on: dict[LinkId, list[Flow]] = field(default_factory=dict)
     _count: int = 0
 
     def transfer(self, nbytes: float, links: Sequence[tuple[LinkId, float]],
@@ -47,50 +53,75 @@ class FlowNetwork:
         if nbytes <= 0:
             done.succeed()
             return done
-        self._settle()
         for link, _ in links:
             self.bytes_on[link] = self.bytes_on.get(link, 0.0) + nbytes
         self._count += 1
-        self.flows.append(Flow(nbytes, tuple(links), done, override=override, order=self._count))
-        self._reschedule()
+        flow = Flow(nbytes, tuple(links), done, override=override, order=self._count, updated=self.env.now)
+        for link, _ in flow.links:
+            self.flows_on.setdefault(link, []).append(flow)
+        self._retime(self._component([flow]))
         return done
 
-    def _settle(self) -> None:
-        """Advance every flow's remaining bytes to now at its current rate."""
-        elapsed = self.env.now - self._last
-        if elapsed > 0:
-            for f in self.flows:
-                f.remaining -= f.rate * elapsed
-        self._last = self.env.now
+    @property
+    def flows(self) -> list[Flow]:
+        """Every flow in progress (for tests and traces)."""
+        return sorted({f for fs in self.flows_on.values() for f in fs}, key=lambda f: f.order)
 
-    def _rates(self) -> None:
-        users: dict[LinkId, int] = {}
-        for f in self.flows:
-            for link, _ in f.links:
-                users[link] = users.get(link, 0) + 1
-        for f in self.flows:
+    def _component(self, seeds: list[Flow]) -> list[Flow]:
+        """The flows connected to `seeds` through shared links, in start order."""
+        seen = {id(f): f for f in seeds}
+        todo = list(seeds)
+        while todo:
+            for link, _ in todo.pop().links:
+                for other in self.flows_on.get(link, ()):
+                    if id(other) not in seen:
+                        seen[id(other)] = other
+                        todo.append(other)
+        return sorted(seen.values(), key=lambda f: f.order)
+
+    def _settle(self, flows: list[Flow]) -> None:
+        """Bring each flow's remaining bytes up to now at its current rate."""
+        now = self.env.now
+        for f in flows:
+            if now > f.updated:
+                f.remaining -= f.rate * (now - f.updated)
+            f.updated = now
+
+    def _retime(self, flows: list[Flow]) -> None:
+        """New rates for a component whose membership changed, and new completion timers."""
+        self._settle(flows)
+        for f in flows:
             if f.override is not None:
-                f.rate = f.override / max(users[link] for link, _ in f.links) if f.links else f.override
+                users = max(len(self.flows_on[link]) for link, _ in f.links) if f.links else 1
+                f.rate = f.override / users
             else:
-                f.rate = min(self.capacity[link] * mult / users[link] for link, mult in f.links)
+                f.rate = min(self.capacity[link] * mult / len(self.flows_on[link]) for link, mult in f.links)
+            f.version += 1
+            timer = self.env.timeout(max(0.0, f.remaining / f.rate))
+            timer.callbacks.append(self._finisher(f, f.version))
 
-    def _reschedule(self) -> None:
-        self._rates()
-        self._version += 1
-        if not self.flows:
-            return
-        first = min(self.flows, key=lambda f: (f.remaining / f.rate, f.order))
-        timer = self.env.timeout(max(0.0, first.remaining / first.rate))
-        version = self._version
-        timer.callbacks.append(lambda _ev: self._finish(version, first))
+    def _finisher(self, flow: Flow, version: int):  # noqa: ANN202 - a SimPy callback
+        def finish(_event: simpy.Event) -> None:
+            if flow.version == version and flow.remaining > 0:
+                self._finish(flow)
+        return finish
 
-    def _finish(self, version: int, first: Flow) -> None:
-        if version != self._version:
-            return  # superseded by a later start or finish
-        self._settle()
+    def _finish(self, first: Flow) -> None:
+        """`first` has moved its last byte; so has any flow of its component that is within
+        rounding of done. They leave, and the rest of the component is re-timed."""
+        component = self._component([first])
+        self._settle(component)
         first.remaining = 0.0
-        finished = [f for f in self.flows if f is first or f.remaining <= 1e-9 * max(1.0, f.rate)]
-        self.flows = [f for f in self.flows if f not in finished]
-        for f in sorted(finished, key=lambda f: f.order):
+        finished = [f for f in component if f is first or f.remaining <= 1e-9 * max(1.0, f.rate)]
+        for f in finished:
+            f.remaining = 0.0
+            f.version += 1
+            for link, _ in f.links:
+                self.flows_on[link].remove(f)
+                if not self.flows_on[link]:
+                    del self.flows_on[link]
+        for f in finished:
             f.done.succeed()
-        self._reschedule()
+        rest = [f for f in component if f.remaining > 0]
+        if rest:
+            self._retime(self._component(rest))
