@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.engines.schedule import AnyOp, ClassSchedule, Compute, CpuStep, GpuOptimizer, Stream
+from sim.engines.schedule import AnyOp, ClassSchedule, Compute, CpuStep, GpuOptimizer
 from sim.inputs.scenario import Scenario
 
 
@@ -65,29 +65,31 @@ def _follows(cls: ClassSchedule, duration: dict[int, float | None], awaited: fro
 
 
 def implied_deps(cls: ClassSchedule) -> dict[int, bool]:
-    """op id -> whether all its dependencies are implied by its stream order (see above)."""
-    stream_of: dict[int, Stream] = {}
+    """op id -> whether all its dependencies are implied by its stream order (see above).
+    For each op, `known` holds, per stream, the furthest position known to have ended when
+    the op ends (its stream predecessor's knowledge, its dependencies', and itself)."""
+    streams = list(cls.streams)
+    index = {stream: i for i, stream in enumerate(streams)}
+    stream_of: dict[int, int] = {}
     position: dict[int, int] = {}
     previous: dict[int, int | None] = {}
     for stream, stream_ops in cls.streams.items():
         for i, op in enumerate(stream_ops):
-            stream_of[op.id], position[op.id] = stream, i
+            stream_of[op.id], position[op.id] = index[stream], i
             previous[op.id] = stream_ops[i - 1].id if i else None
-    known: dict[int, dict[Stream, int]] = {}   # op -> the furthest position of each stream done when it ends
+    nothing = [-1] * len(streams)
+    known: dict[int, list[int]] = {}
     out: dict[int, bool] = {}
     for op in sorted(cls.ops(), key=lambda o: o.id):      # a dependency always has a smaller id
-        here = stream_of[op.id]
         prev = previous[op.id]
-        done = dict(known[prev]) if prev is not None else {}
+        done = list(known[prev]) if prev is not None else list(nothing)
         implied = True
         for dep in op.deps:
-            if done.get(stream_of[dep], -1) >= position[dep]:
+            if done[stream_of[dep]] >= position[dep]:
                 continue
             implied = False
-            for stream, pos in known[dep].items():
-                if done.get(stream, -1) < pos:
-                    done[stream] = pos
-        done[here] = position[op.id]
+            done = [a if a >= b else b for a, b in zip(done, known[dep])]
+        done[stream_of[op.id]] = position[op.id]
         known[op.id] = done
         out[op.id] = implied
     return out

@@ -40,16 +40,15 @@ from sim.inputs.scenario import Scenario
 
 def local_time(op: AnyOp, s: Scenario) -> float | None:
     """Duration of an op that shares no link (sim.analytic.opcost), None for the others."""
+    if not isinstance(op, Compute | GpuOptimizer | CpuStep):
+        return None
     precision, cluster, per_node = s.training.precision.value, s.cluster, s.gpus_per_node
     if isinstance(op, Compute):
         return opcost.device_op_time("compute", flops=op.flops, mem_bytes=op.mem_bytes,
                                      elementwise_bytes=op.elementwise_bytes, params=0.0, precision=precision,
                                      cluster=cluster, ranks_per_node=per_node)
-    if isinstance(op, GpuOptimizer | CpuStep):
-        return opcost.device_op_time(op.kind.value, flops=0.0, mem_bytes=0.0, elementwise_bytes=0.0,
-                                     params=op.params, precision=precision, cluster=cluster,
-                                     ranks_per_node=per_node)
-    return None
+    return opcost.device_op_time(op.kind.value, flops=0.0, mem_bytes=0.0, elementwise_bytes=0.0,
+                                 params=op.params, precision=precision, cluster=cluster, ranks_per_node=per_node)
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from sim.core.enums import Axis, Coll
 from sim.engines.schedule import (
@@ -113,15 +113,18 @@ class Builder:
 
     def _add(self, cls: type[AnyOp], stream: Stream, deps: Deps, alloc: tuple[Alloc, ...],
              free: tuple[Alloc, ...], **fields: Any) -> OpRef:
-        ref = OpRef(len(self._drafts))
+        ref = cast(OpRef, len(self._drafts))
         wanted = {d for d in deps if d is not None}
-        wanted.update(self._stream_waits.pop(stream, ()))
+        waits = self._stream_waits.pop(stream, None)
+        if waits:
+            wanted.update(waits)
         if self._host_gate is not None:
             wanted.add(self._host_gate)
-        fields["deps"] = tuple(sorted(wanted))
-        receives = self._receives.pop(stream, None)
-        if receives:
-            fields["waits_for"] = tuple(receives)
+        fields["deps"] = tuple(sorted(wanted)) if len(wanted) > 1 else tuple(wanted)
+        if self._receives:
+            receives = self._receives.pop(stream, None)
+            if receives:
+                fields["waits_for"] = tuple(receives)
         self._drafts.append(_Draft(cls, stream, fields, list(alloc), list(free)))
         self._last[stream] = ref
         return ref

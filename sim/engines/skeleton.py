@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 
 from sim.analytic import activations as act
 from sim.analytic.placement import TensorGroup, stage_census
@@ -60,6 +61,7 @@ class Planner:
         self.s, self.layout, self.stage_index = s, layout, stage
         self.m, self.t, self.dp = s.model, s.training, layout.dp
         self.b = Builder()
+        self._activation_bytes: dict[act.Recompute, float] = {}
         all_units = units(self.m, self.t.seq_len, self.t.micro_batch, layout.tp,
                           value_bytes=BYTES_PER_ELEMENT[s.training.precision.value])
         if granules is None:
@@ -80,14 +82,19 @@ class Planner:
     def elem(self, dtype: str) -> int:
         return BYTES_PER_ELEMENT[dtype]
 
-    @property
+    @cached_property
     def half(self) -> str:
         """16-bit dtype of mixed precision (fp32 when training in fp32)."""
         return self.t.precision.value
 
     def block_activation_bytes(self, recompute: act.Recompute | None = None) -> float:
-        p = self.s.parallel
         rc = self.t.recompute if recompute is None else recompute
+        if rc not in self._activation_bytes:
+            self._activation_bytes[rc] = self._block_activation_bytes(rc)
+        return self._activation_bytes[rc]
+
+    def _block_activation_bytes(self, rc: act.Recompute) -> float:
+        p = self.s.parallel
         per = act.layer_activation_bytes(self.m, self.t.seq_len, self.t.micro_batch, tp=p.tp,
                                          sequence_parallel=p.sequence_parallel, recompute=rc,
                                          value_bytes=self.elem(self.half))
