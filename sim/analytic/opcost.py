@@ -111,7 +111,7 @@ def collective_phases(coll: Coll, nbytes: float, g: GroupShape, cluster: Cluster
         alpha, busbw = measured
         return [CommPhase(ring_steps(coll, n) * alpha, nbytes * bus_factor(coll, n),
                           ((LinkClass.NVLINK, 1.0),), rate=busbw)]
-    links = ((LinkClass.NVLINK, 1.0), (LinkClass.NIC, float(g.per_node))) if multi else ((LinkClass.NVLINK, 1.0),)
+    links = ring_links(g)
     if multi and algorithm is Algorithm.HIERARCHICAL and coll is Coll.ALL_REDUCE and g.per_node > 1:
         p, nodes = g.per_node, g.nodes
         intra = ((LinkClass.NVLINK, 1.0),)
@@ -125,6 +125,20 @@ def collective_phases(coll: Coll, nbytes: float, g: GroupShape, cluster: Cluster
     inter_steps = min(steps, (2 if coll is Coll.ALL_REDUCE else 1) * (g.nodes - 1))
     latency = (steps - inter_steps) * a_intra + inter_steps * a_inter
     return [CommPhase(latency, nbytes * bus_factor(coll, n), links)]
+
+
+def ring_links(g: GroupShape) -> tuple[tuple[LinkClass, float], ...]:
+    """The ports a ring over `g` moves bytes through: NVLink inside a node; across nodes the
+    NICs (p members per node drive p NIC ports at once) and, where a node holds more than
+    one member, NVLink for the hops inside it. A group with one member per node never
+    touches NVLink: NCCL moves its bytes GPU -> NIC over PCIe (GPUDirect RDMA), as in a
+    pipeline send between stages or a data-parallel group when tensor parallelism fills
+    the node."""
+    if g.nodes <= 1:
+        return ((LinkClass.NVLINK, 1.0),)
+    if g.per_node <= 1:
+        return ((LinkClass.NIC, 1.0),)
+    return ((LinkClass.NVLINK, 1.0), (LinkClass.NIC, float(g.per_node)))
 
 
 def link_capacity(link: LinkClass, cluster: ClusterSpec) -> float:

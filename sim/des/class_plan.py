@@ -1,6 +1,7 @@
 """What the engine precomputes once per rank class, so that executing an op costs little.
 
-- `duration`: an op's time when it shares no link (sim.analytic.opcost), else None.
+- `duration`: an op's time when it shares no link (sim.analytic.opcost), or when its links
+  are always its own (sim.des.transfers), else None.
 - `awaited`: the ops another op depends on; only these get a SimPy event.
 - `follows`: ops that start exactly when their stream predecessor ends, whatever the other
   streams do, so the engine runs them in the same SimPy step as it: the op needs no link,
@@ -29,7 +30,9 @@ class ClassPlan:
 
     @staticmethod
     def of(cls: ClassSchedule, s: Scenario, *, local_time: Callable[[AnyOp, Scenario], float | None],
-           fuse: bool = True) -> ClassPlan:
+           fuse: bool = True, link_times: dict[int, float] | None = None) -> ClassPlan:
+        """`link_times`: closed-form times of link-using ops known to have their links to
+        themselves (sim.des.transfers.exclusive_times); the others get None."""
         ops = list(cls.ops())
         known: dict[tuple[object, ...], float | None] = {}   # identical blocks: identical costs
         duration = {}
@@ -38,6 +41,8 @@ class ClassPlan:
             if key not in known:
                 known[key] = local_time(op, s)
             duration[op.id] = known[key]
+        for op_id, seconds in (link_times or {}).items():
+            duration[op_id] = seconds
         awaited = frozenset(d for op in ops for d in op.deps)
         follows = _follows(cls, duration, awaited) if fuse else frozenset()
         return ClassPlan(duration, awaited, follows)
@@ -67,31 +72,41 @@ def _follows(cls: ClassSchedule, duration: dict[int, float | None], awaited: fro
 def implied_deps(cls: ClassSchedule) -> dict[int, bool]:
     """op id -> whether all its dependencies are implied by its stream order (see above).
     For each op, `known` holds, per stream, the furthest position known to have ended when
-    the op ends (its stream predecessor's knowledge, its dependencies', and itself)."""
+    the op ends (its stream predecessor's knowledge, its dependencies', and itself). An op's
+    own stream entry is implied by its position, so an op without dependencies shares its
+    predecessor's list instead of copying it (most ops: compute chains)."""
     streams = list(cls.streams)
-    index = {stream: i for i, stream in enumerate(streams)}
     stream_of: dict[int, int] = {}
     position: dict[int, int] = {}
     previous: dict[int, int | None] = {}
-    for stream, stream_ops in cls.streams.items():
+    by_id: dict[int, AnyOp] = {}
+    for index, stream_ops in enumerate(cls.streams.values()):
+        prev = None
         for i, op in enumerate(stream_ops):
-            stream_of[op.id], position[op.id] = index[stream], i
-            previous[op.id] = stream_ops[i - 1].id if i else None
+            stream_of[op.id], position[op.id], previous[op.id], by_id[op.id] = index, i, prev, op
+            prev = op.id
     nothing = [-1] * len(streams)
     known: dict[int, list[int]] = {}
     out: dict[int, bool] = {}
-    for op in sorted(cls.ops(), key=lambda o: o.id):      # a dependency always has a smaller id
-        prev = previous[op.id]
-        done = list(known[prev]) if prev is not None else list(nothing)
+    for op_id in sorted(by_id):      # a dependency always has a smaller id
+        op, prev = by_id[op_id], previous[op_id]
+        base = known[prev] if prev is not None else nothing
+        if not op.deps:
+            known[op_id], out[op_id] = base, True
+            continue
+        own = stream_of[op_id]
+        done = base
         implied = True
         for dep in op.deps:
-            if done[stream_of[dep]] >= position[dep]:
+            where, at = stream_of[dep], position[dep]
+            reached = position[op_id] - 1 if where == own else done[where]
+            if reached >= at:
                 continue
             implied = False
             done = [a if a >= b else b for a, b in zip(done, known[dep])]
-        done[stream_of[op.id]] = position[op.id]
-        known[op.id] = done
-        out[op.id] = implied
+            if done[where] < at:
+                done[where] = at
+        known[op_id], out[op_id] = done, implied
     return out
 
 

@@ -22,9 +22,11 @@ from sim.core.perf import paused_gc
 from sim.des.class_plan import ClassPlan
 from sim.des.memory_pool import MemoryPool
 from sim.des.network import FlowNetwork
+from sim.des.transfers import Transfer, collective_transfers, copy_transfers, exclusive_times, send_transfers
 from sim.engines.layout import Layout
 from sim.engines.schedule import (
     AnyOp,
+    ClassSchedule,
     Collective,
     Compute,
     Copy,
@@ -102,6 +104,7 @@ class EventEngine:
     layout: Layout
     mode: Mode = Mode.REPRESENTATIVE
     serial: bool = False        # run every op of a rank one at a time, in issue order
+    shortcuts: bool = True      # fused op chains and closed-form exclusive links (same times; tests)
     env: simpy.Environment = field(default_factory=simpy.Environment)
     spans: list[Span] = field(default_factory=list)
     step_bounds: list[tuple[float, float]] = field(default_factory=list)
@@ -128,8 +131,9 @@ class EventEngine:
         for r in self.ranks:
             for alloc in self.schedule.classes[self.layout.class_of(r)].resident:
                 self.pools[r].allocate(alloc, 0.0)
-        plans = [ClassPlan.of(cls, self.scenario, local_time=local_time, fuse=not self.serial)
-                 for cls in self.schedule.classes]
+        plans = [ClassPlan.of(cls, self.scenario, local_time=local_time, fuse=self.shortcuts and not self.serial,
+                              link_times=self._exclusive_times(k, cls) if self.shortcuts else {})
+                 for k, cls in enumerate(self.schedule.classes)]
         with paused_gc():
             self._run_steps(steps, plans)
 
@@ -216,17 +220,25 @@ class EventEngine:
 
     def _send(self, rank: int, step: int, op: Send) -> Generator[simpy.Event, Any, None]:
         """A pipeline send: the activation (or its gradient) crosses to the neighbouring stage."""
+        yield from self._transfer(send_transfers(op, rank, self.layout, self.scenario))
         c = self.layout.coords(rank)
         receiver = self.layout.rank(type(c)(c.dp, c.pp + op.peer, c.tp))
-        nodes, per_node = self.layout.span((rank, receiver))
-        for phase in opcost.collective_phases(op.coll, op.nbytes, opcost.GroupShape(2, nodes, per_node),
-                                              self.scenario.cluster):
-            yield self.env.timeout(phase.latency)
-            links = [((rank, link), mult) for link, mult in phase.links if (rank, link) in self.network.capacity]
-            yield self.network.transfer(phase.bus_bytes, links, self.scenario.comm.override(op.axis))
         slot = self._send_slot(step, op.tag, receiver)
         slot.op, slot.time = op, self.env.now
         slot.arrived.succeed()
+
+    def _transfer(self, transfers: list[Transfer]) -> Generator[simpy.Event, Any, None]:
+        for t in transfers:
+            yield self.env.timeout(t.latency)
+            yield self.network.transfer(t.nbytes, t.links, t.rate)
+
+    def _exclusive_times(self, k: int, cls: ClassSchedule) -> dict[int, float]:
+        """Representative mode: closed-form times of the ops that always have their links to
+        themselves (sim.des.transfers); full mode meets at every collective, so none."""
+        if self.mode is not Mode.REPRESENTATIVE:
+            return {}
+        rank = self.layout.representatives[k]
+        return exclusive_times(cls.ops(), rank, self.layout, self.scenario, self.network.capacity)
 
     def _op(self, rank: int, op_id: int) -> AnyOp:
         return self.schedule.ops_by_id(self._class[rank])[op_id]
@@ -236,8 +248,7 @@ class EventEngine:
         if isinstance(op, Send):
             yield from self._send(rank, step, op)
         elif isinstance(op, Copy):
-            yield self.env.timeout(self.scenario.cluster.host.pcie.latency)
-            yield self.network.transfer(op.nbytes, [((rank, op.direction), 1.0)])
+            yield from self._transfer(copy_transfers(op, rank, self.scenario))
         elif isinstance(op, Collective):
             yield from self._collective(rank, step, op)
         else:
@@ -263,13 +274,6 @@ class EventEngine:
                         done: simpy.Event | None = None) -> Generator[simpy.Event, Any, None]:
         """Latency, then the bus bytes as one flow over the ports of the simulated members
         of `rank`'s group."""
-        nodes, per_node = self.layout.group_span(op.axis, rank)
-        shape = opcost.GroupShape(len(self.layout.group(op.axis, rank)), nodes, per_node)
-        override = self.scenario.comm.override(op.axis)
-        for phase in opcost.collective_phases(op.coll, op.nbytes, shape, self.scenario.cluster,
-                                              self.scenario.comm.algorithm):
-            yield self.env.timeout(phase.latency)
-            links = [((r, link), mult) for r in simulated for link, mult in phase.links]
-            yield self.network.transfer(phase.bus_bytes, links, override or phase.rate)
+        yield from self._transfer(collective_transfers(op, rank, simulated, self.layout, self.scenario))
         if done is not None:
             done.succeed()
