@@ -45,11 +45,27 @@ def gpt3_3d() -> Scenario:
     return scenario_from_table(table, HERE, "gpt3-175b_tp8-pp16-dp8_1024gpus")
 
 
+def mtnlg_530b() -> Scenario:
+    """MT-NLG 530B (Smith et al. 2022, arXiv 2201.11990, Sec. 2.3 and Table 1): 105 layers,
+    hidden 20480, 128 heads, sequence 2048, tp 8 x pp 35 on 280 DGX A100 nodes, global
+    batch 1,920 at micro-batch 1 (240 micro-steps per stage)."""
+    model = {"name": "MT-NLG-530B", "family": "gpt2", "layers": 105, "hidden": 20480, "heads": 128,
+             "kv_heads": 128, "ffn_hidden": 81920, "vocab": 51200, "gated_mlp": False, "tied_embeddings": True,
+             "norm": "layernorm", "bias": "all", "position": "learned", "max_positions": 2048}
+    table: dict[str, Any] = {
+        "model": model, "cluster": "dgx-a100-80g", "nodes": 280, "parallel": {"tp": 8, "pp": 35},
+        "training": {"seq_len": 2048, "micro_batch": 1, "global_batch": 1920, "precision": "bf16",
+                     "recompute": "full"},
+        "zero": {"stage": 1}}
+    return scenario_from_table(table, HERE, "mt-nlg-530b_tp8-pp35-dp8_2240gpus")
+
+
 CASES = {
     "70B ZeRO-3, 64 GPUs": (lambda: llama70b_zero3(8), Mode.REPRESENTATIVE),
     "70B ZeRO-3, 512 GPUs": (lambda: llama70b_zero3(64), Mode.REPRESENTATIVE),
     "70B ZeRO-3, 4,096 GPUs": (lambda: llama70b_zero3(512), Mode.REPRESENTATIVE),
     "GPT-3 175B tp8 pp16, 1,024 GPUs": (gpt3_3d, Mode.REPRESENTATIVE),
+    "MT-NLG 530B tp8 pp35, 2,240 GPUs": (mtnlg_530b, Mode.REPRESENTATIVE),
     "70B ZeRO-3, 512 GPUs, full": (lambda: llama70b_zero3(64), Mode.FULL),
 }
 

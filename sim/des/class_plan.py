@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sim.des.transfers import LINK_OPS
 from sim.engines.schedule import AnyOp, ClassSchedule, Compute, CpuStep, GpuOptimizer
 from sim.inputs.scenario import Scenario
 
@@ -35,8 +36,21 @@ class ClassPlan:
         themselves (sim.des.transfers.exclusive_times); the others get None."""
         ops = list(cls.ops())
         known: dict[tuple[object, ...], float | None] = {}   # identical blocks: identical costs
-        duration = {}
+        by_kernels: dict[int, float | None] = {}   # replayed ops share their kernel tuple (alive here)
+        duration: dict[int, float | None] = {}
         for op in ops:
+            if type(op) in LINK_OPS:      # their time depends on what shares their links
+                duration[op.id] = None
+                continue
+            if type(op) is Compute and op.kernels:
+                seconds = by_kernels.get(id(op.kernels), -1.0)
+                if seconds == -1.0:
+                    key = _cost_key(op)
+                    if key not in known:
+                        known[key] = local_time(op, s)
+                    seconds = by_kernels[id(op.kernels)] = known[key]
+                duration[op.id] = seconds
+                continue
             key = _cost_key(op)
             if key not in known:
                 known[key] = local_time(op, s)
@@ -52,6 +66,8 @@ def _cost_key(op: AnyOp) -> tuple[object, ...]:
     """What an op's isolated duration depends on (the op's type and its work), or the op
     itself for ops that use links (they have no isolated duration here)."""
     if isinstance(op, Compute):
+        if op.kernels:
+            return (Compute, *((k.flops, k.mem_bytes, k.elementwise_bytes) for k in op.kernels))
         return (Compute, op.flops, op.mem_bytes, op.elementwise_bytes)
     if isinstance(op, GpuOptimizer | CpuStep):
         return (type(op), op.params)

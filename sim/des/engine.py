@@ -32,6 +32,7 @@ from sim.engines.schedule import (
     Copy,
     CpuStep,
     GpuOptimizer,
+    Kernel,
     PipeTag,
     Schedule,
     Send,
@@ -46,11 +47,18 @@ def local_time(op: AnyOp, s: Scenario) -> float | None:
         return None
     precision, cluster, per_node = s.training.precision.value, s.cluster, s.gpus_per_node
     if isinstance(op, Compute):
-        return opcost.device_op_time("compute", flops=op.flops, mem_bytes=op.mem_bytes,
-                                     elementwise_bytes=op.elementwise_bytes, params=0.0, precision=precision,
-                                     cluster=cluster, ranks_per_node=per_node)
+        return sum(kernel_time(k, s) for k in op.parts())
     return opcost.device_op_time(op.kind.value, flops=0.0, mem_bytes=0.0, elementwise_bytes=0.0,
                                  params=op.params, precision=precision, cluster=cluster, ranks_per_node=per_node)
+
+
+def kernel_time(k: Kernel, s: Scenario) -> float:
+    """One kernel's time on the scenario's GPU (roofline, sim.analytic.opcost)."""
+    time = opcost.device_op_time("compute", flops=k.flops, mem_bytes=k.mem_bytes, elementwise_bytes=k.elementwise_bytes,
+                                 params=0.0, precision=s.training.precision.value, cluster=s.cluster,
+                                 ranks_per_node=s.gpus_per_node)
+    assert time is not None
+    return time
 
 
 @dataclass(slots=True)
@@ -123,6 +131,7 @@ class EventEngine:
         self._class = {r: self.layout.class_of(r) for r in self.ranks}
         self._meetings: dict[tuple[int, int, int], Meeting] = {}        # (step, op, first member)
         self._sends: dict[tuple[int, PipeTag, int], SendSlot] = {}     # (step, tag, receiver)
+        self._collectives: dict[tuple[object, ...], list[Transfer]] = {}
 
     # -- running ---------------------------------------------------------------------------
     def run(self, steps: int = 1) -> None:
@@ -274,6 +283,12 @@ class EventEngine:
                         done: simpy.Event | None = None) -> Generator[simpy.Event, Any, None]:
         """Latency, then the bus bytes as one flow over the ports of the simulated members
         of `rank`'s group."""
-        yield from self._transfer(collective_transfers(op, rank, simulated, self.layout, self.scenario))
+        key = (op.coll, op.axis, op.nbytes, rank, len(simulated))
+        transfers = self._collectives.get(key)
+        if transfers is None:     # identical collectives of identical blocks: built once
+            transfers = self._collectives[key] = collective_transfers(op, rank, simulated, self.layout, self.scenario)
+        for t in transfers:
+            yield self.env.timeout(t.latency)
+            yield self.network.transfer(t.nbytes, t.links, t.rate)
         if done is not None:
             done.succeed()

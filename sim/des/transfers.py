@@ -26,6 +26,7 @@ from sim.engines.schedule import AnyOp, Collective, Copy, Send
 from sim.inputs.scenario import Scenario
 
 LinkId = Hashable
+LINK_OPS = frozenset({Collective, Copy, Send})
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +111,9 @@ def exclusive_times(ops: Iterable[AnyOp], rank: int, layout: Layout, s: Scenario
     users: dict[LinkId, set[object]] = {}
     candidates: dict[tuple[object, ...], dict[object, list[int]]] = {}   # shape -> stream -> op ids
     for op in ops:
-        if not isinstance(op, Collective | Copy | Send):
+        if type(op) not in LINK_OPS:
             continue
+        assert isinstance(op, Collective | Copy | Send)
         key = _shape_key(op)
         if key not in shapes:
             transfers = transfers_of(op, rank, layout, s)

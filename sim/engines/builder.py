@@ -12,11 +12,21 @@ in `deps`. Two more orderings are the host's and the streams', as in CUDA:
 
 Ops are drafts until `finish()`, so memory effects can be attached to an op already issued
 (a parameter freed when a later op ends) without rebuilding it.
+
+Identical micro-steps are planned once: a planner brackets each part of a micro-step
+(its forward, its backward) with `begin_part` / `end_part(key, ms)`, and the builder keeps
+the part as a template when it is self-contained (every dependency inside it, no stream
+wait, receive or host sync left pending before or after it, no op before it changed). A
+later part with the same key is then `replay`ed: the template's ops with the micro-step
+renumbered and the dependencies shifted. The planner promises that parts with one key plan
+the same ops (Planner.part_key); tests/unit/test_part_replay.py plans every strategy both
+ways and compares them op by op.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import dataclasses
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -30,6 +40,7 @@ from sim.engines.schedule import (
     Copy,
     CpuStep,
     GpuOptimizer,
+    Kernel,
     Mem,
     OpRef,
     Phase,
@@ -48,17 +59,35 @@ class _Draft:
     fields: dict[str, Any]
     alloc: list[Alloc] = field(default_factory=list)
     free: list[Alloc] = field(default_factory=list)
+    ready: AnyOp | None = None     # a replayed op, built at once (made a plain draft if changed)
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    """A recorded part: per op, its type and constructor arguments except the id, the
+    micro-step, the dependencies (kept relative to the part's first op) and pipeline tags;
+    and the last op of each stream it touched (relative too)."""
+
+    ops: tuple[tuple[type[AnyOp], dict[str, Any], tuple[int, ...]], ...]
+    last: tuple[tuple[Stream, int], ...]
 
 
 class Builder:
     """Appends ops to the streams of one class; ids are unique within the class."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, replay: bool = True) -> None:
+        self.replays = replay
+        self.joins = True        # join kernels of quiet uses (Builder.compute `join`)
+        self.replayed = 0        # parts issued from a template (for tests and benchmarks)
+        self._templates: dict[Hashable, _Template] = {}
+        self._part_start: int | None = None
+        self._part_clean = False
         self._drafts: list[_Draft] = []
         self._last: dict[Stream, OpRef] = {}
         self._stream_waits: dict[Stream, list[OpRef]] = {}
         self._receives: dict[Stream, list[PipeTag]] = {}
         self._host_gate: OpRef | None = None
+        self._referenced: set[int] = set()       # ops something waits for (never joined onto)
         self.resident_allocs: list[Alloc] = []
         self.host_allocs: list[Alloc] = []
 
@@ -66,6 +95,7 @@ class Builder:
     def stream_wait(self, stream: Stream, ref: OpRef | None) -> None:
         """The next op issued on `stream` waits for `ref` (cudaStreamWaitEvent)."""
         if ref is not None:
+            self._referenced.add(ref)
             self._stream_waits.setdefault(stream, []).append(ref)
 
     def stream_receive(self, stream: Stream, tag: PipeTag) -> None:
@@ -75,14 +105,48 @@ class Builder:
     def host_sync(self, ref: OpRef | None) -> None:
         """The host waits for `ref`: every op issued later depends on it."""
         if ref is not None:
+            self._referenced.add(ref)
             self._host_gate = ref
 
     # -- ops ------------------------------------------------------------------------------------
     def compute(self, name: str, phase: Phase, micro_step: int, *, flops: float = 0.0, mem_bytes: float = 0.0,
                 elementwise_bytes: float = 0.0, layer: int | None = None, deps: Deps = (),
-                alloc: tuple[Alloc, ...] = (), free: tuple[Alloc, ...] = ()) -> OpRef:
+                alloc: tuple[Alloc, ...] = (), free: tuple[Alloc, ...] = (), join: bool = False) -> OpRef:
+        """A compute op; with `join`, its kernel is appended to the previous op instead when
+        nothing can tell the two apart (`_joinable`): the returned ref is then that op's."""
+        if join and self.joins and not alloc and not any(d is not None for d in deps) and \
+                self._joinable(phase, micro_step, layer):
+            return self._join(Kernel(name, flops, mem_bytes, elementwise_bytes), free)
         return self._add(Compute, Stream.COMPUTE, deps, alloc, free, name=name, phase=phase, micro_step=micro_step,
                          layer=layer, flops=flops, mem_bytes=mem_bytes, elementwise_bytes=elementwise_bytes)
+
+    def _joinable(self, phase: Phase, micro_step: int, layer: int | None) -> bool:
+        """The previous op may take one more kernel at its end when it is the last op issued,
+        a compute op of the same module block, phase and micro-step, in the current part;
+        nothing waits for it yet and it frees nothing (both would then happen later), and
+        the new kernel would wait for nothing it does not already wait for."""
+        ref = len(self._drafts) - 1
+        if ref < 0 or ref in self._referenced or (self._part_start is not None and ref < self._part_start):
+            return False
+        prev = self._drafts[ref]
+        f = prev.fields
+        return (prev.ready is None and prev.cls is Compute and prev.stream is Stream.COMPUTE and not prev.free
+                and f["phase"] is phase and f["micro_step"] == micro_step and f["layer"] == layer
+                and not self._stream_waits.get(Stream.COMPUTE) and not self._receives.get(Stream.COMPUTE)
+                and (self._host_gate is None or self._host_gate in f["deps"]))
+
+    def _join(self, kernel: Kernel, free: tuple[Alloc, ...]) -> OpRef:
+        ref = len(self._drafts) - 1
+        draft = self._drafts[ref]
+        f = draft.fields
+        kernels = f.get("kernels") or (Kernel(f["name"], f["flops"], f["mem_bytes"], f["elementwise_bytes"]),)
+        kernels = f["kernels"] = (*kernels, kernel)
+        f["name"] = joined_name([k.name for k in kernels])
+        f["flops"] += kernel.flops
+        f["mem_bytes"] += kernel.mem_bytes
+        f["elementwise_bytes"] += kernel.elementwise_bytes
+        draft.free.extend(free)
+        return cast(OpRef, ref)
 
     def gpu_optimizer(self, name: str, micro_step: int, *, params: float, deps: Deps = (),
                       holds: tuple[Alloc, ...] = ()) -> OpRef:
@@ -115,6 +179,7 @@ class Builder:
              free: tuple[Alloc, ...], **fields: Any) -> OpRef:
         ref = cast(OpRef, len(self._drafts))
         wanted = {d for d in deps if d is not None}
+        self._referenced.update(wanted)
         waits = self._stream_waits.pop(stream, None)
         if waits:
             wanted.update(waits)
@@ -134,13 +199,74 @@ class Builder:
         """Memory taken / given back by an op already issued."""
         if ref is None:
             return
+        if self._part_start is not None and ref < self._part_start:
+            self._part_clean = False      # the part changes an op before it: not a template
+        self._referenced.add(ref)
         draft = self._drafts[ref]
+        if draft.ready is not None:
+            op, draft.ready = draft.ready, None
+            draft.fields = {f.name: getattr(op, f.name) for f in dataclasses.fields(op)
+                            if f.name not in ("id", "stream", "alloc", "free")}
+            draft.alloc, draft.free = list(op.alloc), list(op.free)
         draft.alloc.extend(alloc)
         draft.free.extend(free)
 
     def resident(self, category: Mem, label: str, nbytes: float) -> None:
         if nbytes > 0:
             self.resident_allocs.append(Alloc(category, label, nbytes))
+
+    # -- identical parts ------------------------------------------------------------------------
+    def _settled(self) -> bool:
+        return not any(self._stream_waits.values()) and not any(self._receives.values()) and self._host_gate is None
+
+    def begin_part(self) -> None:
+        """The ops issued from now to `end_part` are one part of a micro-step."""
+        self._part_start = len(self._drafts)
+        self._part_clean = self._settled()
+
+    def end_part(self, key: Hashable, micro_step: int) -> None:
+        """Keep the part as the template of `key` if it is self-contained."""
+        start, self._part_start = self._part_start, None
+        if start is None or not self.replays or key in self._templates or not (self._part_clean and self._settled()):
+            return
+        ops = []
+        for d in self._drafts[start:]:
+            if d.ready is not None:
+                return                # a part made of replayed ops: its own template is kept
+            fields = dict(d.fields)
+            deps = fields.pop("deps")
+            tags = [*fields.get("waits_for", ()), *([fields["tag"]] if "tag" in fields else [])]
+            if any(dep < start for dep in deps) or fields["micro_step"] != micro_step or \
+                    any(tag.micro_step != micro_step for tag in tags):
+                return
+            fields.update(stream=d.stream, alloc=tuple(d.alloc), free=tuple(d.free))
+            ops.append((d.cls, fields, tuple(dep - start for dep in deps)))
+        last = tuple((stream, ref - start) for stream, ref in self._last.items() if ref >= start)
+        self._templates[key] = _Template(tuple(ops), last)
+
+    def replay(self, key: Hashable, micro_step: int) -> bool:
+        """Issue the template of `key` again for `micro_step`; False when there is none (or
+        ops are pending that the template did not see): then the planner plans the part."""
+        template = self._templates.get(key) if self.replays else None
+        if template is None or not self._settled():
+            return False
+        base = len(self._drafts)
+        append = self._drafts.append
+        for i, (cls, args, deps) in enumerate(template.ops):
+            kw = dict(args)
+            kw["id"], kw["micro_step"] = base + i, micro_step
+            if deps:
+                kw["deps"] = tuple(base + d for d in deps)
+            if "waits_for" in kw:
+                kw["waits_for"] = tuple(PipeTag(t.direction, micro_step) for t in kw["waits_for"])
+            if "tag" in kw:
+                kw["tag"] = PipeTag(kw["tag"].direction, micro_step)
+            op = cls(**kw)
+            append(_Draft(cls, op.stream, {}, ready=op))
+        for stream, ref in template.last:
+            self._last[stream] = cast(OpRef, base + ref)
+        self.replayed += 1
+        return True
 
     # -- reading back -----------------------------------------------------------------------------
     def last(self, stream: Stream) -> OpRef | None:
@@ -150,7 +276,27 @@ class Builder:
     def finish(self) -> ClassSchedule:
         """The class schedule: every draft made an immutable, typed op."""
         cls = ClassSchedule(resident=list(self.resident_allocs), host=list(self.host_allocs))
+        streams = cls.streams
         for i, d in enumerate(self._drafts):
-            op = d.cls(id=i, stream=d.stream, alloc=tuple(d.alloc), free=tuple(d.free), **d.fields)
-            cls.streams.setdefault(d.stream, []).append(op)
+            op = d.ready
+            if op is None:
+                op = d.cls(id=i, stream=d.stream, alloc=tuple(d.alloc), free=tuple(d.free), **d.fields)
+            ops = streams.get(d.stream)
+            if ops is None:
+                ops = streams[d.stream] = []
+            ops.append(op)
         return cls
+
+
+def joined_name(names: list[str]) -> str:
+    """The name of an op joining kernels: their verb ('fwd', 'bwd' for bwd-input and
+    bwd-weight) and the longest module path they share, e.g. 'fwd model.layers.18'."""
+    verbs = [n.split(" ", 1)[0] for n in names]
+    paths = [n.split(" ", 1)[1].split(".") if " " in n else [] for n in names]
+    verb = verbs[0] if len(set(verbs)) == 1 else verbs[0].split("-")[0]
+    common: list[str] = []
+    for parts in zip(*paths):
+        if len(set(parts)) > 1:
+            break
+        common.append(parts[0])
+    return f"{verb} {'.'.join(common)}" if common else f"{names[0]} .. {names[-1]}"

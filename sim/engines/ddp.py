@@ -23,7 +23,7 @@ from sim.engines.layout import Layout
 from sim.engines.model import EngineModel
 from sim.engines.policies import GpuAdam
 from sim.engines.resident import Resident, resident
-from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Stream
+from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, Stream
 from sim.engines.skeleton import B, F, Planner, Use
 from sim.inputs.scenario import Scenario
 
@@ -62,6 +62,10 @@ class DdpPlanner(Planner):
         if not self.zero1:
             return float(self.psi)
         return float(max(sum(self.tensors[i] for i in own) for own in self.owned))
+
+    def part_key(self, ms: int, direction: Direction) -> tuple[bool, bool]:
+        """Micro-steps differ only in the first (buffer broadcast) and the last (gradient sync)."""
+        return (ms == 0, ms == self.boundary)
 
     def before_use(self, use: Use) -> list[OpRef | None]:
         """`broadcast_buffers`: DDP's pre-forward broadcasts rank 0's module buffers, coalesced

@@ -31,7 +31,7 @@ from sim.engines.layout import Layout
 from sim.engines.model import EngineModel
 from sim.engines.policies import DeepSpeedCpuAdam, GpuAdam
 from sim.engines.resident import Resident, half_bytes, resident
-from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Stream
+from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, Stream
 from sim.engines.skeleton import B, Planner, Use
 from sim.inputs.scenario import Scenario
 
@@ -63,6 +63,14 @@ class Zero12Planner(Planner):
     # -- gradient reduction ----------------------------------------------------------------
     def reduces_now(self, ms: int) -> bool:
         return self.stage == ZeroStage.GRADIENTS or ms == self.boundary
+
+    def part_key(self, ms: int, direction: Direction) -> tuple[bool, bool]:
+        """Micro-steps differ only in whether gradients are reduced (and the first one)."""
+        return (ms == 0, self.reduces_now(ms))
+
+    def quiet(self, use: Use) -> bool:
+        """Only backward hooks act, and only when gradients are reduced in them now."""
+        return use.what is not B or not (self.in_hooks() and self.reduces_now(use.micro_step))
 
     def in_hooks(self) -> bool:
         return self.stage == ZeroStage.GRADIENTS or (self.stage == ZeroStage.OPTIMIZER and self.z.overlap_comm)

@@ -100,15 +100,34 @@ class Op:
     waits_for: tuple[PipeTag, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """One kernel (or fused group) of a compute op: GEMMs (roofline of `flops` and
+    `mem_bytes`) then memory-bound work moving `elementwise_bytes`."""
+
+    name: str
+    flops: float
+    mem_bytes: float
+    elementwise_bytes: float = 0.0
+
+
 @dataclass(slots=True, kw_only=True)
 class Compute(Op):
     """Kernels on the GPU: GEMMs (roofline of `flops` and `mem_bytes`) then memory-bound
-    kernels moving `elementwise_bytes` (sim.analytic.opcost.compute_time)."""
+    kernels moving `elementwise_bytes` (sim.analytic.opcost.compute_time). An op that joins
+    several modules' kernels, run back to back with nothing else able to start between
+    them, lists them in `kernels` (its time is the sum of theirs; `flops`, `mem_bytes` and
+    `elementwise_bytes` are then their totals)."""
 
     kind: ClassVar[Kind] = Kind.COMPUTE
     flops: float = 0.0
     mem_bytes: float = 0.0
     elementwise_bytes: float = 0.0
+    kernels: tuple[Kernel, ...] = ()
+
+    def parts(self) -> tuple[Kernel, ...]:
+        """The kernels this op runs, in order (itself as one kernel when it lists none)."""
+        return self.kernels or (Kernel(self.name, self.flops, self.mem_bytes, self.elementwise_bytes),)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -11,7 +11,7 @@ the hooks to add collectives, copies and their ordering constraints.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
@@ -109,9 +109,9 @@ class Planner:
 
     def compute(self, name: str, phase: Phase, ms: int, flops: float, mem_bytes: float, layer: int | None,
                 deps: Iterable[OpRef | None] = (), *, alloc: tuple[Alloc, ...] = (),
-                free: tuple[Alloc, ...] = (), elementwise_bytes: float = 0.0) -> OpRef:
+                free: tuple[Alloc, ...] = (), elementwise_bytes: float = 0.0, join: bool = False) -> OpRef:
         return self.b.compute(name, phase, ms, flops=flops, mem_bytes=mem_bytes, elementwise_bytes=elementwise_bytes,
-                              layer=layer, deps=deps, alloc=alloc, free=free)
+                              layer=layer, deps=deps, alloc=alloc, free=free, join=join)
 
     def collective(self, stream: Stream, coll: Coll, nbytes: float, name: str, phase: Phase, ms: int, *,
                    axis: Axis = Axis.DP, deps: Iterable[OpRef | None] = (), layer: int | None = None,
@@ -139,21 +139,37 @@ class Planner:
     def build(self) -> Schedule:
         self.resident()
         for ms, part in self.pipeline_order():
-            uses = self.trace(ms)
-            split = next(i for i, u in enumerate([*uses, Use(B, -1, ms)]) if u.what is not F)
             if part is not Part.BACKWARD:
-                self.receive(ms, Direction.FORWARD)
-                for use in uses[:split]:
-                    self.emit(use)
-                self.send(ms, Direction.FORWARD)
+                self.part(ms, Direction.FORWARD)
             if part is not Part.FORWARD:
-                self.receive(ms, Direction.BACKWARD)
-                for use in uses[split:]:
-                    self.emit(use)
-                self.send(ms, Direction.BACKWARD)
-                self.end_of_backward(ms)
+                self.part(ms, Direction.BACKWARD)
         self.optimizer_step()
         return Schedule(self.name, [self.b.finish()], self.notes())
+
+    def part(self, ms: int, direction: Direction) -> None:
+        """The forward or the backward of micro-step `ms`: receive, the uses, send (and the
+        end-of-backward hook); replayed from an identical earlier part when there is one."""
+        key = self.part_key(ms, direction)
+        if key is not None and self.b.replay((direction, key), ms):
+            return
+        self.b.begin_part()
+        uses = self.trace(ms)
+        split = next(i for i, u in enumerate([*uses, Use(B, -1, ms)]) if u.what is not F)
+        self.receive(ms, direction)
+        for use in uses[:split] if direction is Direction.FORWARD else uses[split:]:
+            self.emit(use)
+        self.send(ms, direction)
+        if direction is Direction.BACKWARD:
+            self.end_of_backward(ms)
+        if key is not None:
+            self.b.end_part((direction, key), ms)
+
+    def part_key(self, ms: int, direction: Direction) -> Hashable | None:
+        """Parts with the same key plan the same ops, up to the micro-step number, and leave
+        the planner's state as they found it (so the builder may replay them); None: plan
+        this part afresh. The base planner promises nothing; tests/unit/test_part_replay.py
+        checks every planner that does against planning every part."""
+        return None
 
     def pipeline_order(self) -> list[tuple[int, Part]]:
         """Micro-batch order of this stage (sim.engines.policies: 1F1B with pipelining)."""
@@ -181,6 +197,7 @@ class Planner:
 
     def emit(self, use: Use) -> None:
         g = self.granules[use.index]
+        join = self.quiet(use)
         first_of_block = g.block is not None and (use.index == 0 or self.granules[use.index - 1].block != g.block)
         deps = self.before_use(use)
         layer = g.block
@@ -195,7 +212,7 @@ class Planner:
             elif head:
                 alloc = (Alloc(Mem.ACTIVATIONS, "activations head", self.head_activation_bytes()),)
             op = self.compute(f"fwd {g.name}", Phase.FWD, use.micro_step, g.fwd_flops, g.fwd_bytes, layer,
-                              deps, alloc=alloc, elementwise_bytes=self.elementwise(first_of_block, 1))
+                              deps, alloc=alloc, elementwise_bytes=self.elementwise(first_of_block, 1), join=join)
             if last_of_block or g.role is Role.TOKEN_EMBEDDING:   # the vocab-parallel embedding
                 op = self.tensor_parallel(use, 2 if last_of_block else 1) or op
         elif use.what is R:
@@ -204,13 +221,14 @@ class Planner:
                 full = self.block_activation_bytes(act.Recompute.NONE)
                 alloc = (Alloc(Mem.ACTIVATIONS, f"recomputed block {g.block}", full),)
             op = self.compute(f"recompute {g.name}", Phase.BWD, use.micro_step, g.fwd_flops, g.fwd_bytes,
-                              layer, deps, alloc=alloc, elementwise_bytes=self.elementwise(first_of_block, 1))
+                              layer, deps, alloc=alloc, elementwise_bytes=self.elementwise(first_of_block, 1),
+                              join=join)
             if last_of_block:
                 op = self.tensor_parallel(use, 2) or op
         else:
             extra = g.attention_flops if self.t.recompute is act.Recompute.SELECTIVE else 0.0
             self.compute(f"bwd-input {g.name}", Phase.BWD, use.micro_step, g.bwd_input_flops + extra,
-                         g.bwd_bytes / 2, layer, deps, elementwise_bytes=self.elementwise(first_of_block, 2))
+                         g.bwd_bytes / 2, layer, deps, elementwise_bytes=self.elementwise(first_of_block, 2), join=join)
             if first_of_block:
                 self.tensor_parallel(use, 2)
             free: tuple[Alloc, ...] = ()
@@ -222,7 +240,7 @@ class Planner:
             elif head:
                 free = (Alloc(Mem.ACTIVATIONS, "activations head", self.head_activation_bytes()),)
             op = self.compute(f"bwd-weight {g.name}", Phase.BWD, use.micro_step, g.bwd_weight_flops,
-                              g.bwd_bytes / 2, layer, free=free)
+                              g.bwd_bytes / 2, layer, free=free, join=join)
         self.after_use(use, op)
 
     def elementwise(self, first_of_block: bool, passes: int) -> float:
@@ -272,6 +290,13 @@ class Planner:
 
     def before_use(self, use: Use) -> list[OpRef | None]:
         return []
+
+    def quiet(self, use: Use) -> bool:
+        """True when no hook acts on `use` (before_use and after_use do nothing for it), so
+        its kernels may join the compute op before them (Builder.compute `join`): one op per
+        run of modules instead of one per module, the same times. The base planner says
+        False; tests/crosscheck/test_joined_kernels.py checks the planners that say True."""
+        return False
 
     def after_use(self, use: Use, op: OpRef) -> None:
         """Called with the id of the use's last compute op."""

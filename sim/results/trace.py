@@ -1,6 +1,7 @@
 """Chrome / Perfetto trace of a simulation (Trace Event Format; reference 6.1).
 
-One process per node, one thread per rank and stream, `X` events in microseconds, memory
+One process per node, one thread per rank and stream, `X` events in microseconds (an op
+that joins several modules' kernels shows them as slices nested in it), memory
 as a counter track per rank, collectives with PyTorch profiler argument names
 (`Collective name`, `In msg nelems`, `Out msg nelems`, `Group size`, `dtype`).
 """
@@ -12,9 +13,9 @@ from typing import Any
 
 from sim.analytic.opcost import wire_bytes_per_rank
 from sim.core.enums import Coll
-from sim.des.engine import Span
+from sim.des.engine import Span, kernel_time
 from sim.engines.layout import Layout
-from sim.engines.schedule import Collective, Copy, Send, Stream
+from sim.engines.schedule import Collective, Compute, Copy, Send, Stream
 from sim.results.step import SimulationResult
 
 US = 1e6
@@ -34,6 +35,8 @@ def chrome_trace(result: SimulationResult) -> dict[str, Any]:
         events.append({"name": span.op.name, "cat": span.op.kind.value, "ph": "X", "pid": node, "tid": tid,
                        "ts": span.start * US, "dur": (span.end - span.start) * US,
                        "args": _args(span, layout, elem)})
+        if isinstance(span.op, Compute) and span.op.kernels:
+            events += _kernels(span, node, tid, result)
     for rank, pool in sorted(engine.pools.items()):
         for t, used in pool.timeline:
             events.append({"name": f"memory rank {rank}", "ph": "C", "pid": layout.node(rank), "ts": t * US,
@@ -44,10 +47,22 @@ def chrome_trace(result: SimulationResult) -> dict[str, Any]:
              for n, tid, name in sorted(threads)]
     meta += [{"name": "thread_sort_index", "ph": "M", "pid": n, "tid": tid, "args": {"sort_index": tid}}
              for n, tid, _ in sorted(threads)]
-    events.sort(key=lambda e: (e["ts"], e["pid"], e.get("tid", -1), e["name"]))
+    events.sort(key=lambda e: (e["ts"], e["pid"], e.get("tid", -1), -e.get("dur", 0.0), e["name"]))
     return {"traceEvents": meta + events, "displayTimeUnit": "ms",
             "otherData": {"scenario": result.scenario.name, "schedule": result.schedule.strategy,
                           "mode": result.mode.value, "steps": result.steps}}
+
+
+def _kernels(span: Span, node: int, tid: int, result: SimulationResult) -> list[dict[str, Any]]:
+    """A joined compute op's kernels as slices nested inside it, back to back."""
+    out, t = [], span.start
+    assert isinstance(span.op, Compute)
+    for k in span.op.kernels:
+        seconds = kernel_time(k, result.scenario)
+        out.append({"name": k.name, "cat": "kernel", "ph": "X", "pid": node, "tid": tid, "ts": t * US,
+                    "dur": seconds * US, "args": {"flops": k.flops, "micro_step": span.op.micro_step}})
+        t += seconds
+    return out
 
 
 def _args(span: Span, layout: Layout, elem: int) -> dict[str, Any]:

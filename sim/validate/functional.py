@@ -146,10 +146,12 @@ def parameters(run: Run) -> np.ndarray:
 
 def _execute(run: Run, op: AnyOp) -> None:
     if isinstance(op, Compute):
-        found = re.search(r"layer(\d+)", op.name)
-        layer = int(found.group(1)) if found else None
-        if layer is not None:
-            {"fwd": _forward, "bwd-input": _backward_input, "bwd-weight": _backward_weight}[op.name.split()[0]](run, layer)
+        for kernel in op.parts():
+            found = re.search(r"layer(\d+)", kernel.name)
+            layer = int(found.group(1)) if found else None
+            if layer is not None:
+                step = {"fwd": _forward, "bwd-input": _backward_input, "bwd-weight": _backward_weight}
+                step[kernel.name.split()[0]](run, layer)
         for alloc in op.free:   # ZeRO-3 drops a broadcast segment after its last use
             if alloc.label.startswith("segment "):
                 for rank in run.state:
