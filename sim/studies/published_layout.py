@@ -1,0 +1,346 @@
+"""Hardware, engine, parallel layout and batch of a published row, as scenario keys
+(docs/scenarios.md). Rules (shared/validation/README.md sections 1 and 4):
+
+- GPU -> catalog cluster: V100 on DGX-2 / SXM3 / 16 per node -> dgx2, V100 with 8 per node
+  -> dgx1-v100; A100 by its memory (40 / 80 GB; unstated -> 80, recorded); H100 -> dgx-h100;
+  H200 -> hgx-h200; B200 -> dgx-b200; anything else is refused.
+- Engine: FSDP / TorchTitan -> [fsdp] (FSDP1 recorded as simulated by FSDP2, NO_SHARD -> ddp,
+  HYBRID_SHARD -> replicate_degree = nodes); DeepSpeed / ZeRO / Megatron-DeepSpeed ->
+  [zero] stage n with the offload the row names; Megatron-LM alone -> ddp with Megatron
+  TP/PP; PyTorch DDP -> ddp.
+- Layout: nodes = GPUs / GPUs per node (the cluster's when the row does not say); fewer
+  GPUs than a node -> one node with `gpus_per_node`. tp / pp missing -> 1 unless the
+  framework names model or pipeline parallelism. grad_accum = global / (micro x dp).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from sim.core.specs import ClusterSpec
+from sim.inputs.catalog import resolve
+from sim.inputs.hardware import load_cluster
+from sim.studies.published_cells import Unusable, integer, is_blank, number, quote, states_nothing
+
+
+@lru_cache(maxsize=None)
+def catalog_cluster(name: str) -> ClusterSpec:
+    return load_cluster(resolve(name, "hardware", Path("."), "published", "cluster"))
+
+
+def _a100(g: str, notes: list[str]) -> str:
+    has80, has40 = bool(re.search(r"80\s*g", g)), bool(re.search(r"40\s*g", g))
+    if has80 != has40:
+        return "dgx-a100-80g" if has80 else "dgx-a100-40g"
+    likely = re.search(r"likely\s*(40|80)\s*g", g)
+    size = likely.group(1) if likely else "80"
+    notes.append(f"A100 memory {'ambiguous' if has80 else 'not stated'}: {size} GB assumed")
+    return f"dgx-a100-{size}g"
+
+
+def cluster_name(gpu: str, gpus_per_node: int | None, notes: list[str]) -> str:
+    """The catalog cluster for the row's GPU text."""
+    g = gpu.lower()
+    if "v100" in g:
+        if "dgx-1" in g or "dgx1" in g or (gpus_per_node == 8 and "dgx-2" not in g):
+            return "dgx1-v100"
+        if "dgx-2h" in g:
+            notes.append("DGX-2H (V100 at about 130 TFLOP/s) simulated as DGX-2 (125)")
+        elif not ("dgx-2" in g or "sxm3" in g or gpus_per_node == 16):
+            notes.append(f"V100 node type not stated ({quote(gpu)}): DGX-2 assumed")
+        return "dgx2"
+    if "a100" in g:
+        return _a100(g, notes)
+    if "h100" in g:
+        if any(w in g for w in ("96gb", "96 gb", "hbm2e", "500 w", "500w")):
+            notes.append(f"GPU {quote(gpu)} simulated as DGX H100 (H100 SXM5 80 GB, 700 W)")
+        return "dgx-h100"
+    if "h200" in g:
+        return "hgx-h200"
+    if "b200" in g:
+        return "dgx-b200"
+    raise Unusable(f"GPU {quote(gpu)} has no catalog cluster")
+
+
+def network_note(text: str, cluster: ClusterSpec, gpn: int) -> str | None:
+    """A note when the row's inter-node bandwidth (Gb/s per node) differs from the catalog
+    cluster's by more than 10%: the catalog's network is what gets simulated."""
+    t = " ".join(text.split())
+    if states_nothing(t) or t.lower().startswith("not stated"):
+        return None
+    if m := re.search(r"(\d+)\s*x\s*(\d+)\s*Gb(?:/s|ps)", t):
+        row = float(m.group(1)) * float(m.group(2))
+    elif m := re.search(r"([\d.]+)\s*Tb(?:/s|ps)", t):
+        row = float(m.group(1)) * 1000
+    elif m := re.search(r"([\d.]+)\s*Gb(?:/s|ps)\)?\s*per\s*GPU", t, re.I):
+        row = float(m.group(1)) * gpn
+    elif m := re.search(r"([\d.]+)\s*Gb(?:/s|ps)\)?\s*per\s*node", t):
+        row = float(m.group(1))
+    else:
+        return None
+    ours = cluster.node.nics_per_node * cluster.inter_node.bandwidth * 8 / 1e9
+    if abs(row / ours - 1) <= 0.10:
+        return None
+    return f"inter-node network {quote(t, 50)} = {row:g} Gb/s per node, the catalog {cluster.name} has {ours:g}"
+
+
+# -- engine ------------------------------------------------------------------------------------
+
+@dataclass
+class EngineChoice:
+    keys: dict[str, Any]      # engine / zero / fsdp scenario keys
+    family: str               # "fsdp" | "deepspeed" | "megatron" | "ddp"
+    megatron: bool            # a Megatron-based framework (vocab padding, micro-batch 1 default)
+    partition_activations: bool = False
+
+
+_MP_WORDS = r"megatron|\bmp\b|\btp\b|tensor|\b[234]d\b|ptd|model parallel"
+_PP_WORDS = r"\bpp\b|pipeline|\b[34]d\b|ptd"
+
+
+def engine_family(fw: str, zs: str) -> str:
+    if "fsdp" in fw or "torchtitan" in fw or re.search(r"full_shard|shard_grad_op|hybrid_shard|no_shard|fsdp", zs):
+        return "fsdp"
+    if "deepspeed" in fw or re.search(r"\bzero\b|zero-|zero\+\+", fw) or "3d parallelism" in fw or "neox" in fw:
+        return "deepspeed"
+    if "megatron" in fw:
+        return "megatron"
+    if "ddp" in fw or fw.strip() == "pytorch":
+        return "ddp"
+    raise Unusable(f"framework {quote(fw)} is not mapped to a simulated engine")
+
+
+def zero_stage(zs: str, fw: str, notes: list[str]) -> int:
+    """'3', '2 (Pos+g)', 'Pos+g+p', '1 (presumed)'; else ZeRO-n / ZeRO-Offload / ZeRO-Infinity in the framework."""
+    compact = zs.lower().replace(" ", "")
+    if m := re.match(r"\s*([0-3])\b", zs):
+        stage = int(m.group(1))
+    elif "pos+g+p" in compact:
+        stage = 3
+    elif "pos+g" in compact:
+        stage = 2
+    elif "pos" in compact:
+        stage = 1
+    elif m := re.search(r"zero-?([0-3])\b", fw):
+        stage = int(m.group(1))
+    elif "zero-infinity" in fw:
+        stage = 3
+    elif "zero-offload" in fw:
+        notes.append("ZeRO-Offload without a stage: ZeRO-2 assumed (ZeRO-Offload builds on ZeRO-2)")
+        return 2
+    else:
+        raise Unusable("ZeRO stage not given" + (f" ({quote(zs)})" if zs.strip() else ""))
+    if zs.strip() and not re.fullmatch(r"[0-3]", zs.strip()):
+        notes.append(f"ZeRO stage {stage} read from {quote(zs)}")
+    return stage
+
+
+def ds_offload(text: str, stage: int, notes: list[str]) -> dict[str, str]:
+    """DeepSpeed offload keys from the offload cell, clause by clause (';'): the device each
+    clause names (nvme / cpu; none = GPU) for the optimizer (gradients go with it) and, at
+    stage 3, the parameters. Activation offload is not simulated and is recorded as ignored."""
+    low = " ".join(text.lower().split())
+    if is_blank(low) or low in ("none", "no"):
+        return {}
+    if any(w in low for w in ("not stated", "exact split", "exact placement")):
+        raise Unusable(f"offload placement not stated ({quote(text)})")
+    out: dict[str, str] = {}
+    for clause in (c.strip() for c in low.split(";")):
+        if "no offload" in clause:
+            notes.append(f"offload cell also says {quote(clause)}: its first clause is used")
+            continue
+        if re.search(r"\bdpu\s*(on|enabled)", clause):
+            raise Unusable("delayed parameter update (DPU) is not simulated")
+        device = "nvme" if "nvme" in clause else "cpu" if "cpu" in clause else None
+        if device is None:
+            continue
+        named = False
+        if "optim" in clause or "grad" in clause or "adam" in clause:
+            out.setdefault("offload_optimizer", device)
+            named = True
+        if "param" in clause and (stage == 3 or "zero-3" not in clause):
+            out.setdefault("offload_param", device)
+            named = True
+        if "activation" in clause:
+            notes.append("activation checkpoints offloaded to CPU: not simulated, ignored")
+            named = True
+        if not named:
+            raise Unusable(f"offload placement not stated ({quote(text)})")
+    return out
+
+
+_ZERO_KNOBS = ("reduce_bucket_size", "allgather_bucket_size", "zero_hpz_partition_size", "overlap_comm",
+               "contiguous_gradients", "reduce_scatter", "zero_quantized_weights", "zero_quantized_gradients")
+
+
+def zero_knobs(other: str, framework: str, gpn: int) -> dict[str, Any]:
+    """DeepSpeed keys named in other_config ('reduce_bucket_size 1e7'; a flag named without a
+    value, 'overlap_comm', 'zero_quantized_weights', is on);
+    ZeRO++ in the framework turns on qwZ, qgZ and hpZ within a node (refused as not simulated)."""
+    out: dict[str, Any] = {}
+    for key in _ZERO_KNOBS:
+        if m := re.search(rf"{key}\s*[= ]?\s*(\d[\d.e+]*)?", other):
+            value = m.group(1)
+            out[key] = (int(float(value)) if value else True) if not key.startswith("zero_q") else True
+    if "zero++" in framework.lower() and not out:
+        out = {"zero_quantized_weights": True, "zero_quantized_gradients": True, "zero_hpz_partition_size": gpn}
+    return out
+
+
+def engine(f: Mapping[str, str], nodes: int, gpn: int, notes: list[str]) -> EngineChoice:
+    fw, zs_text = f.get("framework", "").lower(), f.get("zero_stage", "")
+    zs = zs_text.lower()
+    family = engine_family(fw, zs)
+    megatron = "megatron" in fw or "neox" in fw or "megatron" in f.get("model", "").lower()
+    if family == "fsdp":
+        return _fsdp(fw, zs, f.get("offload", "").lower(), nodes, notes)
+    if family == "deepspeed":
+        stage = zero_stage(zs_text, fw, notes)
+        zero: dict[str, Any] = {"stage": stage, **ds_offload(f.get("offload", ""), stage, notes)}
+        zero.update(zero_knobs(f.get("other_config", ""), f.get("framework", ""), gpn))
+        pa = "partition" in f.get("act_ckpt", "").lower() or bool(re.search(r"\bpa\b", zs))
+        return EngineChoice({"engine": "deepspeed", "zero": zero}, family, megatron, pa)
+    if family == "megatron":
+        notes.append("Megatron-LM simulated by the DDP planner (Megatron TP/PP, DDP gradient all-reduce)")
+        if "distributed optimizer" in zs:
+            notes.append("Megatron distributed optimizer (ZeRO-1-like) simulated as a DDP all-reduce "
+                         "(same gradient volume; optimizer states not sharded)")
+        return EngineChoice({"engine": "ddp"}, family, True)
+    if fw.strip() == "pytorch":
+        notes.append("framework 'PyTorch' simulated as DDP")
+    return EngineChoice({"engine": "ddp"}, family, megatron)
+
+
+def _fsdp(fw: str, zs: str, offload: str, nodes: int, notes: list[str]) -> EngineChoice:
+    if "no_shard" in zs:
+        notes.append("FSDP NO_SHARD simulated as DDP")
+        return EngineChoice({"engine": "ddp"}, "ddp", False)
+    fsdp: dict[str, Any] = {}
+    if "shard_grad_op" in zs:
+        fsdp["reshard_after_forward"] = False
+    if ("hybrid" in zs or "replicate" in zs or "hsdp" in zs or "hsdp" in fw) and nodes > 1:
+        fsdp["replicate_degree"] = nodes
+    if "cpu" in offload:
+        fsdp["cpu_offload"] = True
+    if "fsdp2" not in fw and "torchtitan" not in fw:
+        notes.append("FSDP1 simulated as FSDP2 (fully_shard per transformer block)")
+    return EngineChoice({"engine": "fsdp2", "fsdp": fsdp}, "fsdp", False)
+
+
+# -- parallel layout and batch -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    nodes: int
+    gpus_per_node: int   # GPUs used per node
+
+
+def _degree(f: Mapping[str, str], axis: str, words: str, total: int | None, notes: list[str]) -> int:
+    text = f.get(axis, "")
+    value = integer(text, axis, notes)
+    if value is not None and value > 0:
+        return value
+    if not is_blank(text):
+        raise Unusable(f"{axis} not given ({quote(text)})")
+    if total != 1 and re.search(words, f.get("framework", "").lower()):
+        raise Unusable(f"{axis} not given")
+    if total != 1:
+        notes.append(f"{axis} not given: 1 assumed (the framework names no {axis.upper()})")
+    return 1
+
+
+def context_parallel(f: Mapping[str, str]) -> None:
+    text = f"{f.get('other_config', '')} {f.get('framework', '')}"
+    if (m := re.search(r"\bCP\s*=\s*(\d+)", text)) and int(m.group(1)) > 1:
+        raise Unusable(f"context parallelism (CP={m.group(1)}) is not simulated")
+
+
+def layout(f: Mapping[str, str], cluster_gpn: int, row_gpn: int | None, notes: list[str]) -> Layout:
+    """tp, pp, dp and the node count from the GPU-count columns."""
+    context_parallel(f)
+    total = integer(f.get("total_gpus", ""), "total_gpus", notes)
+    nodes_col = integer(f.get("nodes", ""), "nodes", notes)
+    tp = _degree(f, "tp", _MP_WORDS, total, notes)
+    pp = _degree(f, "pp", _PP_WORDS, total, notes)
+    dp_col = integer(f.get("dp", ""), "dp", notes)
+    gpn = row_gpn or cluster_gpn
+    if total is None:
+        total = nodes_col * gpn if nodes_col else tp * pp * dp_col if dp_col else None
+        if total is None:
+            raise Unusable("total_gpus not given")
+        notes.append(f"total_gpus not given: {total} from the nodes or tp x pp x dp columns")
+    if total % (tp * pp):
+        raise Unusable(f"{total} GPUs are not divisible by tp {tp} x pp {pp}")
+    dp = total // (tp * pp)
+    if dp_col is not None and dp_col != dp:
+        raise Unusable(f"dp {dp_col} != {total} GPUs / (tp {tp} x pp {pp})")
+    if total <= gpn:
+        return Layout(tp, pp, dp, 1, total)
+    if total % gpn:
+        raise Unusable(f"{total} GPUs are not a whole number of {gpn}-GPU nodes")
+    if nodes_col is not None and nodes_col != total // gpn:
+        notes.append(f"nodes column says {nodes_col}; {total} GPUs / {gpn} per node = {total // gpn} used")
+    return Layout(tp, pp, dp, total // gpn, gpn)
+
+
+_TOKENS = re.compile(r"^~?\s*([\d.]+)\s*([KkM])?\s*tokens", re.I)
+_SEQS = re.compile(r"(\d+)\s*(?:seqs|sequences)\b", re.I)
+
+
+def _tokens(text: str, seq: int) -> int | None:
+    """'2K tokens per GPU' / '4M tokens' -> sequences (K = 1024, M = 2^20), None when not whole."""
+    m = _TOKENS.match(text.strip())
+    if m is None:
+        return None
+    tokens = float(m.group(1)) * {"k": 1024, "m": 1024**2}.get((m.group(2) or "").lower(), 1)
+    return int(tokens // seq) if tokens % seq == 0 else None
+
+
+def batch(f: Mapping[str, str], seq: int, dp: int, megatron: bool, notes: list[str]) -> tuple[int, int]:
+    """(micro_batch, global_batch); global must be a multiple of micro x dp."""
+    micro_text, global_text = f.get("micro_batch", ""), f.get("global_batch", "")
+    micro = _tokens(micro_text, seq)
+    if micro is not None:
+        notes.append(f"micro_batch {micro} = {quote(micro_text)} / seq_len {seq}")
+    else:
+        micro = integer(micro_text, "micro_batch", notes)
+    if micro is None and megatron and states_nothing(micro_text):
+        micro = 1
+        notes.append(f"micro_batch 1 assumed (the row does not give it{': ' + quote(micro_text) if micro_text else ''})")
+    if micro is None or micro <= 0:
+        raise Unusable("micro_batch not given" + (f" ({quote(micro_text)})" if micro_text.strip() else ""))
+    glob = _global(global_text, seq, notes)
+    if glob is None:
+        if not is_blank(global_text):
+            raise Unusable(f"global_batch not given ({quote(global_text)})")
+        glob = micro * dp
+        notes.append(f"global_batch not given: micro_batch x dp = {glob} (no accumulation) assumed")
+    if glob % (micro * dp):
+        raise Unusable(f"global_batch {glob} is not a multiple of micro_batch {micro} x dp {dp}")
+    return micro, glob
+
+
+def _global(text: str, seq: int, notes: list[str]) -> int | None:
+    if m := _SEQS.search(text):
+        value = int(m.group(1))
+    elif (value_t := _tokens(text, seq)) is not None:
+        value = value_t
+    elif _TOKENS.match(text.strip()):
+        return None
+    else:
+        return integer(text, "global_batch", notes)
+    notes.append(f"global_batch {value} read from {quote(text)}")
+    return value
+
+
+def row_gpus_per_node(text: str, notes: list[str]) -> int | None:
+    value = number(text, "gpus_per_node", notes)
+    return int(value) if value and value == int(value) else None

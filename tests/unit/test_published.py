@@ -1,0 +1,210 @@
+"""Published measurements -> scenarios with a measured step time (sim.studies.published).
+
+Rows from shared/validation (skipped when that folder is absent) and synthetic rows in the
+same formats; only Scenario objects are built, the DES never runs here."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import pytest
+
+from sim.analytic.compute import korthikanti_model_flops, megatron_flops_per_iteration
+from sim.core.enums import Engine, Recompute
+from sim.core.errors import InputError
+from sim.inputs.models import model_from_table
+from sim.studies.published import read_rows, row_from_fields
+from sim.studies.published_cells import Reliability, number, tier
+from sim.studies.published_models import padded_vocab
+from sim.studies.published_targets import megatron_flops
+from tests.conftest import ROOT
+
+COLUMNS = ("id source source_location source_url obtained_via value_kind model params_B layers hidden heads "
+           "ffn_hidden seq_len vocab gpu gpus_per_node nodes total_gpus intra_node_bw inter_node_bw framework "
+           "zero_stage offload tp pp dp micro_batch global_batch act_ckpt precision other_config metric value "
+           "unit other_reported_metrics metric_definition derived caveats confidence").split()
+SIMPLE = ("source model gpu gpus gpus_per_node tp pp dp fsdp_or_zero micro_batch global_batch_tokens seq_len "
+          "precision act_ckpt metric value unit").split()
+
+
+def _data_dir() -> Path | None:
+    env = os.environ.get("ZEROSIM_PUBLISHED_DIR")
+    for d in ([Path(env)] if env else []) + [ROOT.parent / "shared" / "validation", ROOT / "shared" / "validation"]:
+        if (d / "published-calibration.csv").is_file():
+            return d
+    return None
+
+
+DATA = _data_dir()
+needs_data = pytest.mark.skipif(DATA is None, reason="shared/validation/published-calibration.csv not present")
+
+VP001 = dict(zip(COLUMNS, [
+    "VP001", "Narayanan et al., Efficient Large-Scale LM Training on GPU Clusters Using Megatron-LM (SC21)",
+    "Table 1", "https://arxiv.org/abs/2104.04473", "", "table_exact", "GPT (Megatron)", "1.7", "24", "2304", "24",
+    "9216", "2048", "51200", "NVIDIA A100-SXM4-80GB (DGX A100, Selene)", "8", "4", "32", "", "", "Megatron-LM (PTD-P)",
+    "none", "none", "1", "1", "32", "not given in table", "512", "yes (full activation recomputation)", "fp16 mixed",
+    "", "achieved TFLOP/s per GPU", "137", "TFLOP/s/GPU", "", "Megatron Eq.3: FLOPs/iter = 96*B*s*l*h^2*(...)",
+    "implied iteration time = 3.53 s (Eq.3 with V=51200, s=2048)", "", "high"]))
+
+
+def write_csv(path: Path, columns: list[str], rows: list[dict[str, str]]) -> Path:
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+@pytest.fixture(scope="module")
+def shared_rows():
+    assert DATA is not None
+    return {r.id: r for name in ("published-calibration.csv", "published-fsdp-offload.csv")
+            for r in read_rows(DATA / name)}
+
+
+# -- the shared tables ---------------------------------------------------------------------------
+
+@needs_data
+def test_vp001_is_a_32_gpu_megatron_data_parallel_run_of_3_53_s(shared_rows):
+    r = shared_rows["VP001"]
+    assert r.usable and r.reason == "" and r.tier == "A" and r.source == "Megatron SC21"
+    s = r.scenario
+    assert s.world_size == 32 and (s.parallel.tp, s.parallel.pp, s.parallel.dp) == (1, 1, 32)
+    assert s.engine is Engine.DDP and s.training.recompute is Recompute.FULL
+    assert (s.training.micro_batch, s.training.global_batch, s.training.grad_accum) == (1, 512, 16)
+    assert r.measured_step_s == pytest.approx(3.53)
+    assert any("micro_batch 1 assumed" in a for a in r.assumptions)
+
+
+@needs_data
+def test_mt_nlg_rows_give_the_published_iteration_times(shared_rows):
+    expected = {2240: 60.1, 2800: 50.2, 3360: 44.4}
+    found = [r for r in shared_rows.values() if r.model.startswith("MT-NLG 530B") and r.usable]
+    assert found
+    for r in found:
+        s = r.scenario
+        assert r.measured_step_s == pytest.approx(expected[s.world_size])
+        assert (s.parallel.tp, s.parallel.pp, s.engine, int(s.zero_stage)) == (8, 35, Engine.DEEPSPEED, 1)
+        assert s.model.vocab == padded_vocab(50272, 8) == 51200
+
+
+@needs_data
+def test_every_row_has_a_scenario_and_step_or_a_one_line_reason(shared_rows):
+    assert len(shared_rows) > 150
+    for r in shared_rows.values():
+        if r.reason:
+            assert r.scenario is None and "\n" not in r.reason, r.id
+        else:
+            assert r.scenario is not None and r.measured_step_s is not None and r.measured_step_s > 0, r.id
+        assert all(a and "\n" not in a for a in r.assumptions), r.id
+        assert r.tier in "ABC"
+    usable = [r for r in shared_rows.values() if r.usable]
+    assert len(usable) >= 50
+    assert {str(r.scenario.engine) for r in usable} >= {"ddp", "deepspeed", "fsdp2"}
+
+
+@needs_data
+def test_reading_is_deterministic():
+    assert DATA is not None
+    first, second = read_rows(DATA / "published-calibration.csv"), read_rows(DATA / "published-calibration.csv")
+    assert first == second
+
+
+@needs_data
+def test_refusals_are_the_simulators_own_and_non_step_metrics_are_named(shared_rows):
+    reasons = [r.reason for r in shared_rows.values()]
+    assert any("is not a step time or a throughput" in x for x in reasons)
+    fsdp_tp = [r for r in shared_rows.values() if "FSDP2" in r.reason and "not simulated yet" in r.reason]
+    assert fsdp_tp and all(r.reason.startswith(f"published/{r.id}: parallel.tp") for r in fsdp_tp)
+
+
+# -- FLOP counts ---------------------------------------------------------------------------------
+
+def gpt(layers: int, hidden: int, heads: int, vocab: int, seq: int = 2048):
+    return model_from_table({"family": "gpt2", "layers": layers, "hidden": hidden, "heads": heads,
+                             "kv_heads": heads, "ffn_hidden": 4 * hidden, "vocab": vocab, "gated_mlp": False,
+                             "tied_embeddings": True, "norm": "layernorm", "bias": "all", "position": "learned",
+                             "max_positions": seq}, "test")
+
+
+def test_eq3_reproduces_mt_nlg_125_7_tflops_from_60_1_s():
+    m = gpt(105, 20480, 128, 50272)
+    assert megatron_flops(m, 1920, 2048) / (60.1 * 2240) / 1e12 == pytest.approx(125.7, abs=0.05)
+
+
+def test_generalised_count_is_eq3_with_four_passes_and_korthikanti_with_three():
+    m = gpt(96, 12288, 96, 51200)
+    assert megatron_flops(m, 8, 2048) == pytest.approx(megatron_flops_per_iteration(8, 2048, 96, 12288, 51200), rel=1e-12)
+    assert megatron_flops(m, 8, 2048, layer_passes=3) == pytest.approx(
+        korthikanti_model_flops(8, 2048, 96, 12288, 51200), rel=1e-12)
+
+
+def test_tflops_conversion_reproduces_the_derived_iteration_time():
+    """VP001 without its derived column: 137 TFLOP/s on 32 GPUs, Eq. 3 with 96 -> 3.53 s."""
+    r = row_from_fields({**VP001, "derived": ""})
+    assert r.usable and r.measured_step_s == pytest.approx(3.53, rel=0.01)
+    assert any("coefficient 96" in a for a in r.assumptions)
+    no_recompute = row_from_fields({**VP001, "derived": "", "act_ckpt": "no", "metric_definition": ""})
+    assert no_recompute.measured_step_s == pytest.approx(3.53 * 0.75, rel=0.02)
+
+
+# -- synthetic rows ------------------------------------------------------------------------------
+
+def test_unknown_gpu_gives_a_reason_not_an_exception(tmp_path):
+    path = write_csv(tmp_path / "rows.csv", COLUMNS, [{**VP001, "id": "X1", "gpu": "Graphcore IPU-M2000"}])
+    (r,) = read_rows(path)
+    assert r.scenario is None and "has no catalog cluster" in r.reason
+    assert r.measured_step_s == pytest.approx(3.53)
+
+
+def test_rows_that_state_nothing_or_garbage_never_raise(tmp_path):
+    rows = [{"id": "X2"}, {**VP001, "id": "X3", "metric": "max trainable model size", "unit": "B params"},
+            {**VP001, "id": "X4", "value": "OOM", "derived": ""}, {**VP001, "id": "X5", "tp": "<=16 (not given)"},
+            {**VP001, "id": "X6", "global_batch": "500", "derived": ""}, {**VP001, "id": "X7", "layers": "1e9x"}]
+    out = {r.id: r for r in read_rows(write_csv(tmp_path / "rows.csv", COLUMNS, rows))}
+    assert all(r.reason and r.scenario is None for r in out.values())
+    assert "not a step time" in out["X3"].reason and "not a number" in out["X4"].reason
+    assert out["X5"].reason.startswith("tp not given") and "not a multiple" in out["X6"].reason
+
+
+def test_simulator_refusals_become_the_reason():
+    fsdp_tp = row_from_fields({**VP001, "framework": "TorchTitan (FSDP2 + DTensor TP/PP)", "tp": "8", "dp": "4",
+                               "zero_stage": "3 (FSDP2 FSDP 4)", "micro_batch": "2"})
+    assert fsdp_tp.scenario is None and "parallel.tp" in fsdp_tp.reason and "not simulated yet" in fsdp_tp.reason
+    nvme = row_from_fields({**VP001, "framework": "DeepSpeed ZeRO-Infinity", "zero_stage": "3",
+                            "offload": "params+grads+optimizer to NVMe"})
+    assert "not simulated yet" in nvme.reason
+
+
+def test_the_simple_fsdp_table(tmp_path):
+    rows = [dict(zip(SIMPLE, "LF MPT-70B H100-80GB 64 ns 1 1 64 FSDP1_FULL 8(GA4) 4194304 2048 amp_bf16 full "
+                             "throughput 1039 tok/s/GPU".split())),
+            dict(zip(SIMPLE, "ZFC Qwen2.5-3B A100-40GB 2 2_used 1 1 2 DS_ZeRO-2+CPU_opt_offload(bound) 4 ns ns "
+                             "bf16 ns step_time 2.497 s".split()))]
+    lf, zfc = read_rows(write_csv(tmp_path / "simple.csv", SIMPLE, rows))
+    assert lf.id == "LF01" and lf.usable and lf.scenario.engine is Engine.FSDP2
+    assert (lf.scenario.training.micro_batch, lf.scenario.training.grad_accum, lf.scenario.model.layers) == (8, 4, 80)
+    assert lf.measured_step_s == pytest.approx(2048 * 2048 / (1039 * 64))
+    assert any("FSDP1 simulated as FSDP2" in a for a in lf.assumptions)
+    assert zfc.reason == "seq_len not given" and zfc.measured_step_s == pytest.approx(2.497)
+
+
+def test_unknown_header_is_an_input_error(tmp_path):
+    path = tmp_path / "other.csv"
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(InputError):
+        read_rows(path)
+
+
+def test_cells_and_tiers():
+    notes: list[str] = []
+    assert number("18K (18432)", "hidden", notes) == 18432 and number("4K", "hidden", notes) == 4096
+    assert number("<=16 (MP within node)", "tp", notes) is None and number("not given", "tp", notes) is None
+    assert number("8 (assumed)", "gpus_per_node", notes) == 8 and any("8 (assumed)" in n for n in notes)
+    assert tier(Reliability("high", "table_exact", False)) == "A"
+    assert tier(Reliability("medium", "log_exact (2nd-iteration snapshot)", True)) == "A"
+    assert tier(Reliability("medium", "plot_readoff_approx (+/-2)", True)) == "B"
+    assert tier(Reliability("medium", "table_exact (via secondary)", True)) == "C"
+    assert tier(Reliability("low", "text_exact", True)) == "C"
