@@ -1,19 +1,20 @@
 """Cost of one scheduled op in isolation (no contention): the terms the DES plays out.
 
 Compute: roofline, max(FLOPs / (peak x GEMM efficiency), bytes / (HBM x efficiency)).
-Collectives: a list of phases, each a latency (NCCL's per-step hardware latency times the
-algorithm's step count, intra- and inter-node steps apart, src/graph/tuning.cc) and bus
-bytes moved at the group's bus bandwidth: min(B_intra, p x B_nic) when the group spans
-nodes with p members per node (reference 3.4). The DES runs the same phases with link
+Collectives: a list of phases, each a latency and bus bytes moved at the group's bus
+bandwidth, min(B_intra, p x B_nic) when the group spans nodes with p members per node
+(reference 3.4), times the share the chosen NCCL protocol reaches: NCCL's own choice of
+ring or tree and LL / LL128 / Simple, with its latencies (sim.analytic.nccl,
+src/graph/tuning.cc). The DES runs the same phases with link
 bandwidth shared among concurrent transfers; `isolated_time` is their closed form.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sim.analytic import nccl
 from sim.core.enums import Algorithm, Coll
 from sim.core.specs import ClusterSpec
 
@@ -98,7 +99,7 @@ def ring_steps(coll: Coll, n: int) -> int:
 
 
 def collective_phases(coll: Coll, nbytes: float, g: GroupShape, cluster: ClusterSpec,
-                      algorithm: Algorithm = Algorithm.RING,
+                      algorithm: Algorithm = Algorithm.AUTO,
                       busbw_override: float | None = None) -> list[CommPhase]:
     """The phases of one collective on a group of shape `g` (empty for a group of one)."""
     n = g.size
@@ -118,13 +119,20 @@ def collective_phases(coll: Coll, nbytes: float, g: GroupShape, cluster: Cluster
         return [CommPhase((p - 1) * a_intra, (p - 1) / p * nbytes, intra),
                 CommPhase(2 * (nodes - 1) * a_inter, 2 * (nodes - 1) / nodes * nbytes / p, ((LinkClass.NIC, 1.0),)),
                 CommPhase((p - 1) * a_intra, (p - 1) / p * nbytes, intra)]
-    if algorithm is Algorithm.TREE and coll is Coll.ALL_REDUCE:
-        latency = 2 * math.log2(n) * (a_inter if multi else a_intra)
-        return [CommPhase(latency, 2.0 * nbytes, links)]
+    all_reduce = coll is Coll.ALL_REDUCE
     steps = ring_steps(coll, n)
-    inter_steps = min(steps, (2 if coll is Coll.ALL_REDUCE else 1) * (g.nodes - 1))
-    latency = (steps - inter_steps) * a_intra + inter_steps * a_inter
-    return [CommPhase(latency, nbytes * bus_factor(coll, n), links)]
+    inter_steps = min(steps, (2 if all_reduce else 1) * (g.nodes - 1))
+    options = nccl.choices(all_reduce, steps, inter_steps, g.per_node, g.nodes, a_intra / nccl.US, a_inter / nccl.US,
+                           tree=algorithm is not Algorithm.RING)
+    if algorithm is Algorithm.TREE and all_reduce and multi:
+        options = [c for c in options if c.route is nccl.Route.TREE]
+    busbw = busbw_override or min(link_capacity(lc, cluster) * mult for lc, mult in links)
+    ring_bytes = nbytes * bus_factor(coll, n)
+    tree_bytes = 2.0 * nbytes
+    best = min(options, key=lambda c: c.latency + (tree_bytes if c.route is nccl.Route.TREE else ring_bytes)
+               / (busbw * c.bandwidth))
+    moved = tree_bytes if best.route is nccl.Route.TREE else ring_bytes
+    return [CommPhase(best.latency, moved, tuple((lc, mult * best.bandwidth) for lc, mult in links))]
 
 
 def ring_links(g: GroupShape) -> tuple[tuple[LinkClass, float], ...]:

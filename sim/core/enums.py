@@ -31,6 +31,7 @@ class Recompute(StrEnum):
 
 
 class Algorithm(StrEnum):
+    AUTO = "auto"                  # NCCL's choice: the fastest of ring and tree (all-reduce) x protocols
     RING = "ring"
     TREE = "tree"                  # double binary tree for all-reduce (ring for the others)
     HIERARCHICAL = "hierarchical"  # 2-level all-reduce across nodes (ring for the others)
@@ -83,3 +84,18 @@ class OffloadDevice(StrEnum):
     NONE = "none"
     CPU = "cpu"
     NVME = "nvme"
+
+
+class KernelStyle(StrEnum):
+    """[compute] kernels: which implementation's kernel fusions (sim.analytic.kernels)."""
+
+    MEGATRON = "megatron"
+    TORCH = "torch"
+    HF = "hf"
+
+
+class AttentionImpl(StrEnum):
+    """[compute] attention: one fused kernel per pass, or GEMMs around a softmax."""
+
+    FLASH = "flash"
+    UNFUSED = "unfused"

@@ -93,6 +93,20 @@ class Role(StrEnum):
     HEAD = "head"                # the lm_head (or the tied head that reuses the embedding)
 
 
+class Place(StrEnum):
+    """Where a Linear sits in its block, from the structure: which kernels come around it
+    (an activation before the MLP's output projection, a residual add after it and after
+    the attention's) and how tensor parallelism splits it (Megatron: column-parallel in,
+    row-parallel out)."""
+
+    QKV = "qkv"              # attention input projections (column-parallel)
+    ATTN_OUT = "attn out"    # attention output projection (row-parallel)
+    FFN_IN = "ffn in"        # MLP input projections: up, gate, c_fc, w1, w3 (column-parallel)
+    FFN_OUT = "ffn out"      # MLP output projection: down, c_proj, w2 (row-parallel)
+    ROUTER = "router"        # MoE gate (replicated)
+    OTHER = "other"          # embeddings, norms, the head
+
+
 @dataclass(frozen=True, slots=True)
 class ModuleSpec:
     """A module that directly owns parameters (a DeepSpeed ZeRO-3 fetch unit).
@@ -112,6 +126,8 @@ class ModuleSpec:
     role: Role = Role.BLOCK
     container: str = ""
     feeds_attention: bool = False
+    place: Place = Place.OTHER
+    conv1d: bool = False     # weight stored (in, out), HF GPT-2's Conv1D; nn.Linear is (out, in)
 
     @property
     def numel(self) -> int:
@@ -138,19 +154,22 @@ def _block(m: ModelSpec, i: int) -> list[ModuleSpec]:
     if m.family is Family.GPT2:
         attn = f"{p}.attn"
         mods.append(replace(_linear(f"{attn}.c_attn", m.q_dim + 2 * m.kv_dim, m.hidden, every, i, conv1d=True),
-                            container=attn, feeds_attention=True))
-        mods.append(replace(_linear(f"{attn}.c_proj", m.hidden, m.q_dim, every, i, conv1d=True), container=attn))
+                            container=attn, feeds_attention=True, place=Place.QKV))
+        mods.append(replace(_linear(f"{attn}.c_proj", m.hidden, m.q_dim, every, i, conv1d=True), container=attn,
+                            place=Place.ATTN_OUT))
     else:
         attn = f"{p}.self_attn"
         qkv_bias = m.bias is not Bias.NONE
         for proj, out in (("q_proj", m.q_dim), ("k_proj", m.kv_dim), ("v_proj", m.kv_dim)):
             mods.append(replace(_linear(f"{attn}.{proj}", out, m.hidden, qkv_bias, i), container=attn,
-                                feeds_attention=proj == "v_proj"))
-        mods.append(replace(_linear(f"{attn}.o_proj", m.hidden, m.q_dim, every, i), container=attn))
+                                feeds_attention=proj == "v_proj", place=Place.QKV))
+        mods.append(replace(_linear(f"{attn}.o_proj", m.hidden, m.q_dim, every, i), container=attn,
+                            place=Place.ATTN_OUT))
     mods.append(_norm(f"{p}.post_attention_layernorm", m, i))
     if m.experts > 1:
         moe = f"{p}.block_sparse_moe"
-        mods.append(replace(_linear(f"{moe}.gate", m.experts, m.hidden, False, i), container=moe))
+        mods.append(replace(_linear(f"{moe}.gate", m.experts, m.hidden, False, i), container=moe,
+                            place=Place.ROUTER))
         for e in range(m.experts):
             mods += [replace(mod, container=moe) for mod in _mlp(m, f"{moe}.experts.{e}", i, e)]
     else:
@@ -170,7 +189,10 @@ def _mlp(m: ModelSpec, p: str, i: int, expert: int | None) -> list[ModuleSpec]:
     else:
         names = [("up_proj", f, h), ("down_proj", h, f)]
     conv1d = m.family is Family.GPT2
-    return [_linear(f"{p}.{n}", out, inp, every, i, expert, conv1d) for n, out, inp in names]
+    last = len(names) - 1
+    return [replace(_linear(f"{p}.{n}", out, inp, every, i, expert, conv1d),
+                    place=Place.FFN_OUT if j == last else Place.FFN_IN)
+            for j, (n, out, inp) in enumerate(names)]
 
 
 def _embedding(name: str, rows: int, hidden: int, role: Role) -> ModuleSpec:
@@ -183,7 +205,7 @@ def _linear(name: str, out: int, inp: int, bias: bool, block: int | None,
     tensors = [TensorSpec(f"{name}.weight", (inp, out) if conv1d else (out, inp))]
     if bias:
         tensors.append(TensorSpec(f"{name}.bias", (out,)))
-    return ModuleSpec(name, "linear", block, tuple(tensors), expert)
+    return ModuleSpec(name, "linear", block, tuple(tensors), expert, conv1d=conv1d)
 
 
 def _norm(name: str, m: ModelSpec, block: int | None) -> ModuleSpec:

@@ -32,7 +32,10 @@ class GpuSpec:
     matmul_efficiency: float            # fraction of peak reached by large GEMMs
     memory_bandwidth_efficiency: float  # fraction of peak HBM bandwidth reached
     uncertain: tuple[str, ...] = ()     # keys whose value is an estimate (see the file)
-    kernel_overhead: float = 0.0        # s added to every compute op (launch / dispatch); calibrated
+    kernel_overhead: float = 0.0        # s added to every kernel (device-side gap / dispatch); calibrated
+    sm_count: int = 0                   # streaming multiprocessors (GEMM waves); 0: no SM model (a CPU)
+    attention_efficiency: float = 0.0   # fraction of peak of a long fused-attention forward kernel
+    attention_backward_efficiency: float = 0.0
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak for a training precision: 'bf16', 'fp16' or 'fp32'."""
@@ -65,6 +68,10 @@ class HostSpec:
     gpus_per_pcie_switch: int      # GPUs sharing one uplink to the CPU
     cpu_adam_params_per_s: float   # parameters/s for the whole node (all ranks together)
     nvme_bandwidth: float          # bytes/s per node; 0 when unknown / absent
+    launch: float = 0.0            # s of host CPU per kernel launch (framework dispatch included)
+    collective_launch: float = 0.0  # s of host CPU per collective call (process group + NCCL enqueue)
+    zero3_hook: float = 0.0        # s per DeepSpeed ZeRO-3 module hook pair (fetch / release bookkeeping)
+    fsdp2_hook: float = 0.0        # s per FSDP2 unit hook pair (unshard / reshard bookkeeping)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

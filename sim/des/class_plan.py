@@ -42,7 +42,7 @@ class ClassPlan:
             if type(op) in LINK_OPS:      # their time depends on what shares their links
                 duration[op.id] = None
                 continue
-            if type(op) is Compute and op.kernels:
+            if type(op) is Compute:
                 seconds = by_kernels.get(id(op.kernels), -1.0)
                 if seconds == -1.0:
                     key = _cost_key(op)
@@ -66,9 +66,7 @@ def _cost_key(op: AnyOp) -> tuple[object, ...]:
     """What an op's isolated duration depends on (the op's type and its work), or the op
     itself for ops that use links (they have no isolated duration here)."""
     if isinstance(op, Compute):
-        if op.kernels:
-            return (Compute, *((k.flops, k.mem_bytes, k.elementwise_bytes) for k in op.kernels))
-        return (Compute, op.flops, op.mem_bytes, op.elementwise_bytes)
+        return (Compute, op.kernels)
     if isinstance(op, GpuOptimizer | CpuStep):
         return (type(op), op.params)
     return (type(op), op.id)

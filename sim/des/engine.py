@@ -10,7 +10,7 @@ carry the same flows, so both modes give the same times on symmetric layouts).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -18,8 +18,10 @@ from typing import Any
 import simpy
 
 from sim.analytic import opcost
+from sim.analytic.kernel_time import kernel_time as kernel_seconds
 from sim.core.perf import paused_gc
 from sim.des.class_plan import ClassPlan
+from sim.des.host import HostClock, HostPlan
 from sim.des.memory_pool import MemoryPool
 from sim.des.network import FlowNetwork
 from sim.des.transfers import Transfer, collective_transfers, copy_transfers, exclusive_times, send_transfers
@@ -41,24 +43,34 @@ from sim.engines.schedule import (
 from sim.inputs.scenario import Scenario
 
 
-def local_time(op: AnyOp, s: Scenario) -> float | None:
-    """Duration of an op that shares no link (sim.analytic.opcost), None for the others."""
-    if not isinstance(op, Compute | GpuOptimizer | CpuStep):
-        return None
-    precision, cluster, per_node = s.training.precision.value, s.cluster, s.gpus_per_node
+def local_time(op: AnyOp, s: Scenario, timer: Callable[[Kernel], float] | None = None) -> float | None:
+    """Duration of an op that shares no link (sim.analytic.kernel_time, opcost), None for
+    the others; `timer` times a kernel (default: kernel_time)."""
     if isinstance(op, Compute):
-        return sum(kernel_time(k, s) for k in op.parts())
+        time = timer or (lambda k: kernel_time(k, s))
+        return sum(time(k) for k in op.kernels)
+    if not isinstance(op, GpuOptimizer | CpuStep):
+        return None
     return opcost.device_op_time(op.kind.value, flops=0.0, mem_bytes=0.0, elementwise_bytes=0.0,
-                                 params=op.params, precision=precision, cluster=cluster, ranks_per_node=per_node)
+                                 params=op.params, precision=s.training.precision.value, cluster=s.cluster,
+                                 ranks_per_node=s.gpus_per_node)
 
 
 def kernel_time(k: Kernel, s: Scenario) -> float:
-    """One kernel's time on the scenario's GPU (roofline, sim.analytic.opcost)."""
-    time = opcost.device_op_time("compute", flops=k.flops, mem_bytes=k.mem_bytes, elementwise_bytes=k.elementwise_bytes,
-                                 params=0.0, precision=s.training.precision.value, cluster=s.cluster,
-                                 ranks_per_node=s.gpus_per_node)
-    assert time is not None
-    return time
+    """One kernel's time on the scenario's GPU."""
+    return kernel_seconds(k, s.cluster.gpu, s.training.precision.value)
+
+
+def kernel_timer(s: Scenario) -> Callable[[Kernel], float]:
+    """kernel_time for one run, remembered per kernel object (identical blocks share theirs)."""
+    known: dict[int, tuple[Kernel, float]] = {}
+
+    def timed(k: Kernel) -> float:
+        hit = known.get(id(k))
+        if hit is None:
+            hit = known[id(k)] = (k, kernel_time(k, s))     # holds k, so its id stays its own
+        return hit[1]
+    return timed
 
 
 @dataclass(slots=True)
@@ -95,6 +107,9 @@ class Span:
     start: float
     end: float
     blocker: AnyOp | None     # the dependency that ended last, when the op had to wait for it
+    host_wait: float = 0.0    # of the wait before it, the part the host took to issue it (sim.des.host)
+    host_inside: float = 0.0  # of its duration, the part its kernels waited for their launches
+    host_begun: float = -1.0  # when the host began issuing it (-1: no host model)
 
 
 @dataclass(slots=True)
@@ -113,6 +128,7 @@ class EventEngine:
     mode: Mode = Mode.REPRESENTATIVE
     serial: bool = False        # run every op of a rank one at a time, in issue order
     shortcuts: bool = True      # fused op chains and closed-form exclusive links (same times; tests)
+    host: bool = True           # the host issues every op and pays its CPU costs (sim.des.host)
     env: simpy.Environment = field(default_factory=simpy.Environment)
     spans: list[Span] = field(default_factory=list)
     step_bounds: list[tuple[float, float]] = field(default_factory=list)
@@ -132,6 +148,9 @@ class EventEngine:
         self._meetings: dict[tuple[int, int, int], Meeting] = {}        # (step, op, first member)
         self._sends: dict[tuple[int, PipeTag, int], SendSlot] = {}     # (step, tag, receiver)
         self._collectives: dict[tuple[object, ...], list[Transfer]] = {}
+        self.kernel_time = kernel_timer(self.scenario)
+        self._hosts = [HostPlan.of(cls.ops(), cluster.host, self.scenario.engine, self.kernel_time)
+                       for cls in self.schedule.classes]
 
     # -- running ---------------------------------------------------------------------------
     def run(self, steps: int = 1) -> None:
@@ -140,7 +159,9 @@ class EventEngine:
         for r in self.ranks:
             for alloc in self.schedule.classes[self.layout.class_of(r)].resident:
                 self.pools[r].allocate(alloc, 0.0)
-        plans = [ClassPlan.of(cls, self.scenario, local_time=local_time, fuse=self.shortcuts and not self.serial,
+        timed = self.kernel_time
+        plans = [ClassPlan.of(cls, self.scenario, local_time=lambda op, s: local_time(op, s, timed),
+                              fuse=self.shortcuts and not self.serial,
                               link_times=self._exclusive_times(k, cls) if self.shortcuts else {})
                  for k, cls in enumerate(self.schedule.classes)]
         with paused_gc():
@@ -156,18 +177,22 @@ class EventEngine:
                 plan = plans[self.layout.class_of(r)]
                 done = {op_id: self.env.event() for op_id in plan.awaited}
                 ends: dict[int, float] = {}
+                host = self._hosts[self.layout.class_of(r)]
+                clock = HostClock(host, start, ends) if self.host and host.busy and not self.serial else None
                 lanes = [sorted(cls.ops(), key=lambda o: o.id)] if self.serial else list(cls.streams.values())
                 for ops in lanes:
-                    procs.append(self.env.process(self._stream(r, step, ops, plan, done, ends)))
+                    procs.append(self.env.process(self._stream(r, step, ops, plan, done, ends, clock)))
             self.env.run(until=self.env.all_of(procs))
             self.step_bounds.append((start, self.env.now))
 
     def _stream(self, rank: int, step: int, ops: list[AnyOp], plan: ClassPlan, done: dict[int, simpy.Event],
-                ends: dict[int, float]) -> Generator[simpy.Event, Any, None]:
+                ends: dict[int, float], clock: HostClock | None) -> Generator[simpy.Event, Any, None]:
         """One stream of one rank, op after op. An op whose dependencies have all ended
         starts without a SimPy event, only ops that others wait for get one, and ops that
-        follow their predecessor unconditionally (ClassPlan.follows) run in its step."""
+        follow their predecessor unconditionally (ClassPlan.follows) run in its step. No op
+        starts before the host has issued it (`clock`)."""
         pool, env, spans, duration, follows = self.pools[rank], self.env, self.spans, plan.duration, plan.follows
+        lead, tail = (clock.plan.lead, clock.plan.tail) if clock is not None else ([], [])
         i, n = 0, len(ops)
         while i < n:
             op = ops[i]
@@ -190,6 +215,14 @@ class EventEngine:
             start = env.now
             if blocker is None and start > ready:
                 blocker = self._op(rank, max(op.deps, key=lambda d: (ends[d], d)))
+            host_wait = inside = begun = 0.0
+            if clock is not None:
+                begun = clock.begins(op.id)
+                issued = begun + lead[op.id]
+                if issued > start:
+                    host_wait = issued - start
+                    yield env.timeout(host_wait)
+                    start = env.now
             for alloc in op.alloc:
                 pool.allocate(alloc, start)
             alone = duration[op.id]
@@ -198,23 +231,36 @@ class EventEngine:
                 end = env.now
             elif i + 1 < n and ops[i + 1].id in follows:
                 end = start + alone
+                if clock is not None and begun + tail[op.id] > end:
+                    inside, end = begun + tail[op.id] - end, begun + tail[op.id]
                 while i + 1 < n and ops[i + 1].id in follows:   # runs on without a SimPy step
-                    spans.append(Span(rank, step, op, ready, start, end, blocker))
+                    spans.append(Span(rank, step, op, ready, start, end, blocker, host_wait, inside,
+                                      begun if clock is not None else -1.0))
                     ends[op.id] = end
                     i += 1
-                    op, ready, start, blocker = ops[i], end, end, None
+                    op, ready, start, blocker, host_wait, inside = ops[i], end, end, None, 0.0, 0.0
                     next_time = duration[op.id]
                     assert next_time is not None      # `follows` only holds ops with a duration
+                    if clock is not None:
+                        begun = clock.begins(op.id)
+                        if begun + lead[op.id] > start:
+                            start, host_wait = begun + lead[op.id], begun + lead[op.id] - start
                     end = start + next_time
+                    if clock is not None and begun + tail[op.id] > end:
+                        inside, end = begun + tail[op.id] - end, begun + tail[op.id]
                 yield env.timeout(end - env.now)
                 end = env.now
             else:
-                yield env.timeout(alone)
+                end = start + alone
+                if clock is not None and begun + tail[op.id] > end:
+                    inside, end = begun + tail[op.id] - end, begun + tail[op.id]
+                yield env.timeout(end - env.now)
                 end = env.now
             for alloc in op.free:
                 pool.free(alloc, end)
             ends[op.id] = end
-            spans.append(Span(rank, step, op, ready, start, end, blocker))
+            spans.append(Span(rank, step, op, ready, start, end, blocker, host_wait, inside,
+                              begun if clock is not None else -1.0))
             event = done.get(op.id)
             if event is not None:
                 event.succeed()

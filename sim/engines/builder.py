@@ -7,8 +7,9 @@ in `deps`. Two more orderings are the host's and the streams', as in CUDA:
   `ref` (e.g. the compute stream waits for a gradient bucket before going on);
   `stream_receive(stream, tag)`: the same for a pipeline send from a neighbouring stage.
 - `host_sync(ref)`: the host blocks until `ref` has completed (cudaEventSynchronize), so
-  every op it issues later, on any stream, waits for it. Only the newest sync is kept:
-  sync targets lie on in-order streams, so a later target implies the earlier ones.
+  every op it issues later, on any stream, waits for it. The newest sync per stream is kept
+  (a later target on an in-order stream implies the earlier ones); the first op issued after
+  a sync records it (`Op.synced`), which is where the host clock waits (sim.des.host).
 
 Ops are drafts until `finish()`, so memory effects can be attached to an op already issued
 (a parameter freed when a later op ends) without rebuilding it.
@@ -86,8 +87,10 @@ class Builder:
         self._last: dict[Stream, OpRef] = {}
         self._stream_waits: dict[Stream, list[OpRef]] = {}
         self._receives: dict[Stream, list[PipeTag]] = {}
-        self._host_gate: OpRef | None = None
+        self._host_gates: dict[Stream, OpRef] = {}   # the newest op the host synced on, per stream
+        self._syncs: list[OpRef] = []                # syncs since the last op was issued
         self._referenced: set[int] = set()       # ops something waits for (never joined onto)
+        self._joined: dict[int, list[str]] = {}   # op -> the names of the module ops joined into it
         self.resident_allocs: list[Alloc] = []
         self.host_allocs: list[Alloc] = []
 
@@ -106,19 +109,21 @@ class Builder:
         """The host waits for `ref`: every op issued later depends on it."""
         if ref is not None:
             self._referenced.add(ref)
-            self._host_gate = ref
+            self._host_gates[self._drafts[ref].stream] = ref
+            self._syncs.append(ref)
 
     # -- ops ------------------------------------------------------------------------------------
-    def compute(self, name: str, phase: Phase, micro_step: int, *, flops: float = 0.0, mem_bytes: float = 0.0,
-                elementwise_bytes: float = 0.0, layer: int | None = None, deps: Deps = (),
-                alloc: tuple[Alloc, ...] = (), free: tuple[Alloc, ...] = (), join: bool = False) -> OpRef:
-        """A compute op; with `join`, its kernel is appended to the previous op instead when
-        nothing can tell the two apart (`_joinable`): the returned ref is then that op's."""
-        if join and self.joins and not alloc and not any(d is not None for d in deps) and \
+    def compute(self, name: str, phase: Phase, micro_step: int, *, kernels: tuple[Kernel, ...] = (),
+                layer: int | None = None, deps: Deps = (), alloc: tuple[Alloc, ...] = (),
+                free: tuple[Alloc, ...] = (), join: bool = False, hooks: int = 0) -> OpRef:
+        """A compute op running `kernels`; with `join`, they are appended to the previous op
+        instead when nothing can tell the two apart (`_joinable`): the returned ref is then
+        that op's."""
+        if join and self.joins and not alloc and not hooks and not any(d is not None for d in deps) and \
                 self._joinable(phase, micro_step, layer):
-            return self._join(Kernel(name, flops, mem_bytes, elementwise_bytes), free)
+            return self._join(name, kernels, free)
         return self._add(Compute, Stream.COMPUTE, deps, alloc, free, name=name, phase=phase, micro_step=micro_step,
-                         layer=layer, flops=flops, mem_bytes=mem_bytes, elementwise_bytes=elementwise_bytes)
+                         layer=layer, kernels=kernels, hooks=hooks)
 
     def _joinable(self, phase: Phase, micro_step: int, layer: int | None) -> bool:
         """The previous op may take one more kernel at its end when it is the last op issued,
@@ -133,18 +138,16 @@ class Builder:
         return (prev.ready is None and prev.cls is Compute and prev.stream is Stream.COMPUTE and not prev.free
                 and f["phase"] is phase and f["micro_step"] == micro_step and f["layer"] == layer
                 and not self._stream_waits.get(Stream.COMPUTE) and not self._receives.get(Stream.COMPUTE)
-                and (self._host_gate is None or self._host_gate in f["deps"]))
+                and not self._syncs and all(g in f["deps"] for g in self._host_gates.values()))
 
-    def _join(self, kernel: Kernel, free: tuple[Alloc, ...]) -> OpRef:
+    def _join(self, name: str, kernels: tuple[Kernel, ...], free: tuple[Alloc, ...]) -> OpRef:
         ref = len(self._drafts) - 1
         draft = self._drafts[ref]
         f = draft.fields
-        kernels = f.get("kernels") or (Kernel(f["name"], f["flops"], f["mem_bytes"], f["elementwise_bytes"]),)
-        kernels = f["kernels"] = (*kernels, kernel)
-        f["name"] = joined_name([k.name for k in kernels])
-        f["flops"] += kernel.flops
-        f["mem_bytes"] += kernel.mem_bytes
-        f["elementwise_bytes"] += kernel.elementwise_bytes
+        f["kernels"] = f["kernels"] + kernels
+        names = self._joined.setdefault(ref, [f["name"]])
+        names.append(name)
+        f["name"], f["joined"] = joined_name(names), tuple(names)
         draft.free.extend(free)
         return cast(OpRef, ref)
 
@@ -183,8 +186,11 @@ class Builder:
         waits = self._stream_waits.pop(stream, None)
         if waits:
             wanted.update(waits)
-        if self._host_gate is not None:
-            wanted.add(self._host_gate)
+        if self._host_gates:
+            wanted.update(self._host_gates.values())
+        if self._syncs:
+            fields["synced"] = tuple(self._syncs)
+            self._syncs = []
         fields["deps"] = tuple(sorted(wanted)) if len(wanted) > 1 else tuple(wanted)
         if self._receives:
             receives = self._receives.pop(stream, None)
@@ -217,7 +223,7 @@ class Builder:
 
     # -- identical parts ------------------------------------------------------------------------
     def _settled(self) -> bool:
-        return not any(self._stream_waits.values()) and not any(self._receives.values()) and self._host_gate is None
+        return not any(self._stream_waits.values()) and not any(self._receives.values()) and not self._host_gates
 
     def begin_part(self) -> None:
         """The ops issued from now to `end_part` are one part of a micro-step."""

@@ -115,7 +115,7 @@ class DdpPlanner(Planner):
                                        f"ZeroRedundancy broadcast from rank {owner}", Phase.STEP, self.boundary,
                                        deps=[step], purpose="post-step")
         self.wait_before_next_compute(last)
-        self.compute("sync (wait for broadcasts)", Phase.STEP, self.boundary, 0.0, 0.0, None)
+        self.compute("sync (wait for broadcasts)", Phase.STEP, self.boundary, (), None)
 
     def notes(self) -> list[str]:
         out = ["autocast: fp32 parameters, gradients and Adam states; fp32 gradient all-reduce"]

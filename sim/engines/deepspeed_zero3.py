@@ -107,6 +107,12 @@ class Zero3Planner(Planner):
         self.optimizer_step()
         return Schedule(self.name, [self.b.finish()], self.notes())
 
+    def hook_calls(self, use: Use) -> int:
+        """DeepSpeed's pre- and post-hooks of the module (fetch and release bookkeeping,
+        parameter_offload.py `_pre_forward_module_hook` / `_post_forward_module_hook` and the
+        backward pair): one call pair per module use."""
+        return 1
+
     def with_containers(self, trace: list[Use]) -> list[Use]:
         """DeepSpeed hooks every module, so a container (the root, a block, its attention and
         MLP) entered in forward or backward runs fetch_sub_module too: no parameters to

@@ -17,6 +17,7 @@ Gradient sync happens every micro-step (the default). Adam runs on the fp32 shar
 from __future__ import annotations
 
 from sim.analytic.comm import dim0_padded
+from sim.analytic.kernels import memory
 from sim.analytic.placement import TensorGroup
 from sim.analytic.volumes import fsdp2_engine_volume
 from sim.core.enums import Coll, Engine, ScheduleMode
@@ -64,6 +65,11 @@ class Fsdp2Planner(Planner):
             out[unit] = out.get(unit, 0) + sum(dim0_padded(t.shape, self.dp) for t in mod.tensors)
         return out
 
+    def hook_calls(self, use: Use) -> int:
+        """FSDP2's pre- and post-hooks of the unit (`FSDPParamGroup.pre_forward` /
+        `post_forward` and the backward pair: unshard, wait, reshard bookkeeping)."""
+        return 1
+
     def unit_of(self, use: Use) -> int:
         block = self.granules[use.index].block
         return -1 if block is None else block
@@ -102,9 +108,9 @@ class Fsdp2Planner(Planner):
             return []
         unit = self.unit_of(use)
         nbytes = 2.0 * self.p_bytes * self.padded[unit]
-        return [self.compute(f"all-gather copy-out unit {unit}", Phase.FWD if use.what is F else Phase.BWD,
-                             use.micro_step, 0.0, 0.0, None if unit == -1 else unit, [ag],
-                             elementwise_bytes=nbytes)]
+        name = f"all-gather copy-out unit {unit}"
+        return [self.compute(name, Phase.FWD if use.what is F else Phase.BWD, use.micro_step,
+                             (memory(name, nbytes),), None if unit == -1 else unit, [ag])]
 
     def _gather(self, ms: int, unit: int, phase: Phase) -> OpRef | None:
         key = (ms, unit, phase)
@@ -147,8 +153,8 @@ class Fsdp2Planner(Planner):
         grads = Alloc(Mem.GRADS, f"unsharded gradients unit {unit}", self.p_bytes * self.padded[unit])
         self.b.attach(op, alloc=(grads,))
         self.wait_before_next_compute(self.prev_rs)   # at most one reduce-scatter outstanding
-        copy_in = self.compute(f"reduce-scatter copy-in unit {unit}", Phase.BWD, ms, 0.0, 0.0,
-                               None if unit == -1 else unit, elementwise_bytes=2.0 * nbytes)
+        name = f"reduce-scatter copy-in unit {unit}"
+        copy_in = self.compute(name, Phase.BWD, ms, (memory(name, 2.0 * nbytes),), None if unit == -1 else unit)
         rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, nbytes,
                              f"reduce-scatter {'root' if unit == -1 else f'block {unit}'}", Phase.BWD, ms,
                              deps=[copy_in], layer=None if unit == -1 else unit, free=(grads,), purpose="grad")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar, NewType
 
+from sim.analytic.kernels import Kernel
 from sim.core.enums import Axis, Coll
 
 
@@ -84,7 +85,9 @@ class Op:
     """What every op has: one operation on one stream of one rank (the same for all ranks of
     a class). Ops are made once, by `Builder.finish`, and never changed after (not frozen
     only because a frozen dataclass costs three times as much to build). `deps` are ops of other streams (or host-side waits) that must end first;
-    `waits_for` are pipeline sends from a neighbouring stage that must arrive first."""
+    `waits_for` are pipeline sends from a neighbouring stage that must arrive first. The host
+    issues ops in id order (sim.des.host): `synced` is where it blocked first (a host sync),
+    `hooks` the framework hook calls it ran for this op (ZeRO-3 and FSDP2 module hooks)."""
 
     kind: ClassVar[Kind]
     id: int
@@ -98,36 +101,27 @@ class Op:
     free: tuple[Alloc, ...] = ()        # given back when the op ends
     purpose: str = ""                   # e.g. 'fetch', 'prefetch', 'grad bucket', 'post-step'
     waits_for: tuple[PipeTag, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Kernel:
-    """One kernel (or fused group) of a compute op: GEMMs (roofline of `flops` and
-    `mem_bytes`) then memory-bound work moving `elementwise_bytes`."""
-
-    name: str
-    flops: float
-    mem_bytes: float
-    elementwise_bytes: float = 0.0
+    synced: tuple[int, ...] = ()        # the ops the host waited for before issuing this one
+    hooks: int = 0                      # framework hook calls the host runs before issuing it
 
 
 @dataclass(slots=True, kw_only=True)
 class Compute(Op):
-    """Kernels on the GPU: GEMMs (roofline of `flops` and `mem_bytes`) then memory-bound
-    kernels moving `elementwise_bytes` (sim.analytic.opcost.compute_time). An op that joins
-    several modules' kernels, run back to back with nothing else able to start between
-    them, lists them in `kernels` (its time is the sum of theirs; `flops`, `mem_bytes` and
-    `elementwise_bytes` are then their totals)."""
+    """Device kernels run back to back on the compute stream (sim.analytic.kernels; their
+    times: sim.analytic.kernel_time). One module's kernels, or several modules' when
+    nothing can start between them (Builder.compute `join`); none for a pure ordering point."""
 
     kind: ClassVar[Kind] = Kind.COMPUTE
-    flops: float = 0.0
-    mem_bytes: float = 0.0
-    elementwise_bytes: float = 0.0
     kernels: tuple[Kernel, ...] = ()
+    joined: tuple[str, ...] = ()        # the module ops joined into this one, in order
 
-    def parts(self) -> tuple[Kernel, ...]:
-        """The kernels this op runs, in order (itself as one kernel when it lists none)."""
-        return self.kernels or (Kernel(self.name, self.flops, self.mem_bytes, self.elementwise_bytes),)
+    @property
+    def flops(self) -> float:
+        return sum(k.flops for k in self.kernels)
+
+    def module_ops(self) -> tuple[str, ...]:
+        """The names of the module ops this op runs (itself, unless joined)."""
+        return self.joined or (self.name,)
 
 
 @dataclass(slots=True, kw_only=True)

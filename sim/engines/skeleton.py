@@ -17,6 +17,7 @@ from enum import StrEnum
 from functools import cached_property
 
 from sim.analytic import activations as act
+from sim.analytic.kernels import Kernel
 from sim.analytic.placement import TensorGroup, stage_census
 from sim.core.enums import Axis, Coll
 from sim.core.model import Role
@@ -26,7 +27,7 @@ from sim.engines.layout import Layout
 from sim.engines.policies import OptimizerPlacement, Part, pipeline_order
 from sim.engines.resident import Resident
 from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, PipeTag, Schedule, Stream
-from sim.engines.workload import EMBEDDINGS, Unit, blocks, units
+from sim.engines.workload import EMBEDDINGS, Shape, Unit, blocks, units
 from sim.inputs.scenario import Scenario
 
 
@@ -62,8 +63,9 @@ class Planner:
         self.m, self.t, self.dp = s.model, s.training, layout.dp
         self.b = Builder()
         self._activation_bytes: dict[act.Recompute, float] = {}
-        all_units = units(self.m, self.t.seq_len, self.t.micro_batch, layout.tp,
-                          value_bytes=BYTES_PER_ELEMENT[s.training.precision.value])
+        all_units = units(self.m, Shape(self.t.seq_len, self.t.micro_batch, layout.tp,
+                                        BYTES_PER_ELEMENT[s.training.precision.value], s.compute.kernels,
+                                        s.compute.attention, s.parallel.sequence_parallel))
         if granules is None:
             granules = all_units if self.per_module else blocks(all_units)
         self.granules: list[Unit] = [g for g in granules if self._on_this_stage(g)]
@@ -107,11 +109,11 @@ class Planner:
         """The compute stream's next op waits for `ref` (a CUDA stream wait)."""
         self.b.stream_wait(Stream.COMPUTE, ref)
 
-    def compute(self, name: str, phase: Phase, ms: int, flops: float, mem_bytes: float, layer: int | None,
+    def compute(self, name: str, phase: Phase, ms: int, kernels: tuple[Kernel, ...], layer: int | None,
                 deps: Iterable[OpRef | None] = (), *, alloc: tuple[Alloc, ...] = (),
-                free: tuple[Alloc, ...] = (), elementwise_bytes: float = 0.0, join: bool = False) -> OpRef:
-        return self.b.compute(name, phase, ms, flops=flops, mem_bytes=mem_bytes, elementwise_bytes=elementwise_bytes,
-                              layer=layer, deps=deps, alloc=alloc, free=free, join=join)
+                free: tuple[Alloc, ...] = (), join: bool = False, hooks: int = 0) -> OpRef:
+        return self.b.compute(name, phase, ms, kernels=kernels, layer=layer, deps=deps, alloc=alloc, free=free,
+                              join=join, hooks=hooks)
 
     def collective(self, stream: Stream, coll: Coll, nbytes: float, name: str, phase: Phase, ms: int, *,
                    axis: Axis = Axis.DP, deps: Iterable[OpRef | None] = (), layer: int | None = None,
@@ -197,7 +199,7 @@ class Planner:
 
     def emit(self, use: Use) -> None:
         g = self.granules[use.index]
-        join = self.quiet(use)
+        join, hooks = self.quiet(use), self.hook_calls(use)
         first_of_block = g.block is not None and (use.index == 0 or self.granules[use.index - 1].block != g.block)
         deps = self.before_use(use)
         layer = g.block
@@ -211,8 +213,8 @@ class Planner:
                 alloc = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.block_activation_bytes()),)
             elif head:
                 alloc = (Alloc(Mem.ACTIVATIONS, "activations head", self.head_activation_bytes()),)
-            op = self.compute(f"fwd {g.name}", Phase.FWD, use.micro_step, g.fwd_flops, g.fwd_bytes, layer,
-                              deps, alloc=alloc, elementwise_bytes=self.elementwise(first_of_block, 1), join=join)
+            op = self.compute(f"fwd {g.name}", Phase.FWD, use.micro_step, g.passes.forward, layer, deps,
+                              alloc=alloc, join=join, hooks=hooks)
             if last_of_block or g.role is Role.TOKEN_EMBEDDING:   # the vocab-parallel embedding
                 op = self.tensor_parallel(use, 2 if last_of_block else 1) or op
         elif use.what is R:
@@ -220,15 +222,14 @@ class Planner:
             if first_of_block:
                 full = self.block_activation_bytes(act.Recompute.NONE)
                 alloc = (Alloc(Mem.ACTIVATIONS, f"recomputed block {g.block}", full),)
-            op = self.compute(f"recompute {g.name}", Phase.BWD, use.micro_step, g.fwd_flops, g.fwd_bytes,
-                              layer, deps, alloc=alloc, elementwise_bytes=self.elementwise(first_of_block, 1),
-                              join=join)
+            op = self.compute(f"recompute {g.name}", Phase.BWD, use.micro_step, g.passes.forward, layer, deps,
+                              alloc=alloc, join=join, hooks=hooks)
             if last_of_block:
                 op = self.tensor_parallel(use, 2) or op
         else:
-            extra = g.attention_flops if self.t.recompute is act.Recompute.SELECTIVE else 0.0
-            self.compute(f"bwd-input {g.name}", Phase.BWD, use.micro_step, g.bwd_input_flops + extra,
-                         g.bwd_bytes / 2, layer, deps, elementwise_bytes=self.elementwise(first_of_block, 2), join=join)
+            extra = g.selective if self.t.recompute is act.Recompute.SELECTIVE else ()
+            self.compute(f"bwd-input {g.name}", Phase.BWD, use.micro_step, extra + g.passes.backward_input, layer,
+                         deps, join=join, hooks=hooks)
             if first_of_block:
                 self.tensor_parallel(use, 2)
             free: tuple[Alloc, ...] = ()
@@ -239,14 +240,9 @@ class Planner:
                     free += (Alloc(Mem.ACTIVATIONS, f"recomputed block {g.block}", full),)
             elif head:
                 free = (Alloc(Mem.ACTIVATIONS, "activations head", self.head_activation_bytes()),)
-            op = self.compute(f"bwd-weight {g.name}", Phase.BWD, use.micro_step, g.bwd_weight_flops,
-                              g.bwd_bytes / 2, layer, free=free, join=join)
+            op = self.compute(f"bwd-weight {g.name}", Phase.BWD, use.micro_step, g.passes.backward_weight, layer,
+                              free=free, join=join)
         self.after_use(use, op)
-
-    def elementwise(self, first_of_block: bool, passes: int) -> float:
-        """Memory-bound kernel traffic of a block, charged to its first granule: about one
-        read and write of its activations forward, twice that backward (estimate)."""
-        return passes * self.block_activation_bytes(act.Recompute.NONE) if first_of_block else 0.0
 
     def tensor_parallel(self, use: Use, count: int) -> OpRef | None:
         """Megatron tensor parallelism (Shoeybi et al. 2019 Sec. 3): per block two
@@ -290,6 +286,11 @@ class Planner:
 
     def before_use(self, use: Use) -> list[OpRef | None]:
         return []
+
+    def hook_calls(self, use: Use) -> int:
+        """Framework hook calls the host makes around this use (their CPU time: the cluster's
+        `[host]` hook cost, sim.des.host). The base planner's engines hook nothing per module."""
+        return 0
 
     def quiet(self, use: Use) -> bool:
         """True when no hook acts on `use` (before_use and after_use do nothing for it), so

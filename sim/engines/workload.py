@@ -1,19 +1,22 @@
 """What one micro-batch costs, module by module: the planner's raw material.
 
 `units()` expands a model into its parameter-owning modules in forward order (a DeepSpeed
-ZeRO-3 fetch unit each) plus the attention core, with FLOPs (reference 6.5: a Linear
-costs 2 T in out forward, as much again for the input gradient and for the weight
-gradient) and HBM traffic, per tensor-parallel rank. `blocks()` merges them per
-transformer block (the DDP / ZeRO-1/2 / FSDP2 granularity).
+ZeRO-3 fetch unit each) plus the attention core, each with the device kernels of its
+forward and backward per tensor-parallel rank (sim.analytic.kernels: GEMMs, attention,
+and the memory-bound kernels around them, as the scenario's `[compute]` implementation
+fuses them). `blocks()` merges them per transformer block (the DDP / ZeRO-1/2 / FSDP2
+granularity).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from sim.core.model import Family, ModelSpec, Position, Role, module_tree
+from sim.analytic import kernels as kn
+from sim.analytic.kernels import AttentionImpl, Kernel, KernelStyle, Passes
+from sim.core.model import Family, ModelSpec, ModuleSpec, Norm, Place, Position, Role, module_tree
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,12 +26,8 @@ class Unit:
     name: str
     block: int | None                 # transformer block; None for embeddings and head
     tensors: tuple[int, ...]          # numel of each parameter tensor it owns (per TP rank)
-    fwd_flops: float
-    bwd_input_flops: float
-    bwd_weight_flops: float
-    fwd_bytes: float                  # HBM traffic forward
-    bwd_bytes: float                  # HBM traffic backward
-    attention_flops: float = 0.0      # forward FLOPs that selective recompute runs again
+    passes: Passes                    # its kernels: forward, input gradient, weight gradient
+    selective: tuple[Kernel, ...] = ()  # forward kernels selective recompute runs again
     shares: str | None = None         # a tied head uses the embedding's parameters
     role: Role = Role.BLOCK           # what it is in the model (sim.core.model.Role)
     containers: tuple[str, ...] = ("root",)   # the modules with children that enclose it,
@@ -39,34 +38,129 @@ class Unit:
         return sum(self.tensors)
 
 
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What the kernels of one micro-batch depend on besides the model."""
+
+    seq_len: int
+    micro_batch: int
+    tp: int = 1
+    value_bytes: int = 2
+    style: KernelStyle = KernelStyle.TORCH
+    attention: AttentionImpl = AttentionImpl.FLASH
+    sequence_parallel: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return self.seq_len * self.micro_batch
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens a rank holds outside the TP regions (all of them, or 1/tp with sequence
+        parallelism: Korthikanti et al. Sec. 4.2.2)."""
+        return -(-self.tokens // self.tp) if self.sequence_parallel else self.tokens
+
+
 @lru_cache(maxsize=16)
-def units(m: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, value_bytes: int = 2) -> tuple[Unit, ...]:
-    """Parameter-owning modules in forward order, plus one attention-core unit per block;
-    `value_bytes` is the size of an activation / weight value (2 in mixed precision).
+def units(m: ModelSpec, shape: Shape) -> tuple[Unit, ...]:
+    """Parameter-owning modules in forward order, plus one attention-core unit per block.
     Cached: every pipeline stage's planner asks for the same units."""
-    tokens = seq_len * micro_batch
     out: list[Unit] = []
+    made: dict[tuple[object, ...], Passes] = {}      # identical blocks share their kernel objects
+    core: tuple[Passes, tuple[Kernel, ...]] | None = None
     for mod in module_tree(m):
-        shards = tuple(_tp_numel(t.shape, mod.kind, tp) for t in mod.tensors)
+        shards = tuple(_tp_numel(t.shape, mod.kind, shape.tp) for t in mod.tensors)
         where = _containers(mod.block, mod.container)
-        if mod.kind == "embedding":
-            traffic = value_bytes * tokens * m.hidden
-            out.append(Unit(mod.name, None, shards, 0.0, 0.0, 0.0, traffic, 2 * traffic, role=mod.role,
-                            containers=where))
-        elif mod.kind == "norm":
-            traffic = 2 * value_bytes * tokens * m.hidden
-            out.append(Unit(mod.name, mod.block, shards, 0.0, 0.0, 0.0, traffic, 2 * traffic, role=mod.role,
-                            containers=where))
-        else:
-            out.append(_linear_unit(m, mod.name, mod.block, shards, mod.tensors[0].shape, tokens, tp,
-                                    routed=mod.expert is not None, value_bytes=value_bytes, role=mod.role,
-                                    containers=where))
+        name = _in_block(mod.name, mod.block)
+        key = (name, mod.kind, mod.place, mod.role, mod.expert, tuple(t.shape for t in mod.tensors))
+        if key not in made:
+            made[key] = _module_passes(m, replace(mod, name=name), shape)
+        out.append(Unit(mod.name, mod.block, shards, made[key], role=mod.role, containers=where))
         if mod.feeds_attention:
-            out.append(_attention_core(m, mod.block, seq_len, micro_batch, tp, value_bytes, where))
+            if core is None:
+                core = _attention_core(m, shape)
+            out.append(Unit(f"model.layers.{mod.block}.attention", mod.block, (), core[0], selective=core[1],
+                            containers=where))
     if m.tied_embeddings:
-        out.append(_linear_unit(m, "lm_head (tied)", None, (), (m.vocab, m.hidden), tokens, tp, routed=False,
-                                value_bytes=value_bytes, role=Role.HEAD, shares="model.embed_tokens"))
+        head = kn.linear("lm_head (tied)", shape.tokens, -(-m.vocab // shape.tp), m.hidden, bias=False,
+                         value_bytes=shape.value_bytes)
+        loss = kn.cross_entropy("loss", shape.tokens, -(-m.vocab // shape.tp), shape.style, shape.value_bytes)
+        out.append(Unit("lm_head (tied)", None, (), chain(head, loss), role=Role.HEAD, shares="model.embed_tokens"))
     return tuple(out)
+
+
+def chain(*parts: Passes) -> Passes:
+    """Kernels run one module part after another: forward in order, the input gradient in
+    reverse (autograd walks back), weight gradients as they come."""
+    return Passes(tuple(k for p in parts for k in p.forward),
+                  tuple(k for p in reversed(parts) for k in p.backward_input),
+                  tuple(k for p in reversed(parts) for k in p.backward_weight))
+
+
+def _module_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:
+    v, tp, style = shape.value_bytes, shape.tp, shape.style
+    if mod.kind == "embedding":
+        rows = mod.tensors[0].shape[0]
+        passes = kn.embedding(mod.name, shape.tokens, m.hidden, -(-rows // tp), v)
+        if mod.role is Role.POSITION_EMBEDDING:     # added to the token embedding
+            passes = chain(passes, kn.residual(f"{mod.name} add", shape.tokens * m.hidden, style, False, v))
+        return passes
+    if mod.kind == "norm":
+        return kn.norm(mod.name, shape.local_tokens * m.hidden, style, m.norm is Norm.RMSNORM, v)
+    return _linear_passes(m, mod, shape)
+
+
+def _linear_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:
+    """A Linear split the Megatron way (column-parallel in, row-parallel out, vocab-parallel
+    head, replicated router), with the kernels that come around it: the activation before
+    the MLP's output projection, the residual (dropout-)add after each branch, the loss
+    after the head. Routed experts see T k / E tokens (balanced routing)."""
+    v, tp, style = shape.value_bytes, shape.tp, shape.style
+    w = mod.tensors[0].shape
+    out_features, in_features = (w[1], w[0]) if mod.conv1d else (w[0], w[1])
+    tokens = shape.tokens
+    if mod.expert is not None:
+        tokens = -(-tokens * m.experts_per_token // m.experts)
+    bias = len(mod.tensors) > 1
+    dropout = m.family is Family.GPT2
+    if mod.place in (Place.QKV, Place.FFN_IN):
+        return kn.linear(mod.name, tokens, -(-out_features // tp), in_features, bias=bias, value_bytes=v)
+    if mod.place is Place.ROUTER:
+        return kn.linear(mod.name, tokens, out_features, in_features, bias=bias, value_bytes=v)
+    if mod.place in (Place.ATTN_OUT, Place.FFN_OUT):
+        gemm = kn.linear(mod.name, tokens, out_features, -(-in_features // tp), bias=bias, value_bytes=v)
+        parts = [gemm]
+        if mod.place is Place.FFN_OUT:
+            act = kn.activation(mod.name, tokens * -(-in_features // tp), style, m.gated_mlp,
+                                m.family is Family.GPT2, v)
+            parts = [act, gemm]
+        last_expert = mod.expert is None or mod.expert == m.experts - 1
+        if last_expert:
+            parts.append(kn.residual(mod.name, shape.local_tokens * m.hidden, style, dropout, v))
+        return chain(*parts)
+    head = kn.linear(mod.name, tokens, -(-out_features // tp), in_features, bias=bias, value_bytes=v)
+    return chain(head, kn.cross_entropy("loss", tokens, -(-out_features // tp), style, v))
+
+
+def _attention_core(m: ModelSpec, shape: Shape) -> tuple[Passes, tuple[Kernel, ...]]:
+    """The attention core of a block (rotary first where the model uses it), and the
+    kernels selective recomputation (Korthikanti et al. Sec. 5) runs again in backward:
+    the unfused core's forward (a flash kernel recomputes its scores itself)."""
+    v, tp = shape.value_bytes, shape.tp
+    heads, kv_heads = -(-m.heads // tp) * shape.micro_batch, -(-m.kv_heads // tp) * shape.micro_batch
+    core = kn.attention("attention", heads, kv_heads, shape.seq_len, m.head_dim, shape.attention, shape.style,
+                        m.family is Family.GPT2, v)
+    selective = core.forward if shape.attention is AttentionImpl.UNFUSED else ()
+    if m.position is Position.ROPE:
+        core = chain(kn.rotary("attention", shape.seq_len * (heads + kv_heads) * m.head_dim, shape.style, v), core)
+    return core, selective
+
+
+def _in_block(name: str, block: int | None) -> str:
+    """A module's name within its block ('mlp.down_proj'), so that the kernels of identical
+    blocks are one set of objects (their names say which module, the op says which block)."""
+    prefix = f"model.layers.{block}."
+    return name[len(prefix):] if block is not None and name.startswith(prefix) else name
 
 
 def _containers(block: int | None, container: str) -> tuple[str, ...]:
@@ -85,33 +179,6 @@ def _tp_numel(shape: tuple[int, ...], kind: str, tp: int) -> int:
     return numel if kind == "norm" or tp == 1 else -(-numel // tp)
 
 
-def _linear_unit(m: ModelSpec, name: str, block: int | None, shards: tuple[int, ...],
-                 shape: tuple[int, ...], tokens: int, tp: int, routed: bool, value_bytes: int = 2,
-                 role: Role = Role.BLOCK, containers: tuple[str, ...] = ("root",), shares: str | None = None) -> Unit:
-    """2 T in out per pass; routed experts see T k / E tokens (balanced routing)."""
-    inp, out = (shape[1], shape[0]) if len(shape) == 2 else (shape[0], 1)
-    routed_tokens = tokens * m.experts_per_token / m.experts if routed else float(tokens)
-    gemm = 2.0 * routed_tokens * inp * out / tp
-    traffic = value_bytes * (inp * out + routed_tokens * (inp + out)) / tp
-    if role is Role.HEAD:
-        traffic += 4.0 * tokens * m.vocab / tp  # fp32 logits for the loss
-    return Unit(name, block, shards, gemm, gemm, gemm, traffic, 2 * traffic, shares=shares, role=role,
-                containers=containers)
-
-
-def _attention_core(m: ModelSpec, block: int | None, seq_len: int, micro_batch: int, tp: int,
-                    value_bytes: int, containers: tuple[str, ...]) -> Unit:
-    """QK^T and AV: 4 s^2 a d b forward; a causal kernel computes about half of it.
-
-    Hardware time uses the causal half; model FLOPs (sim.analytic.compute) count the
-    full matrix, as PaLM and Megatron do.
-    """
-    flops = 0.5 * 4.0 * seq_len**2 * m.heads * m.head_dim * micro_batch / tp
-    traffic = value_bytes * 4 * seq_len * micro_batch * m.q_dim / tp
-    return Unit(f"model.layers.{block}.attention", block, (), flops, 2 * flops, 0.0, traffic,
-                2 * traffic, attention_flops=flops, containers=containers)
-
-
 def unit_count(m: ModelSpec, *, per_module: bool) -> int:
     """len(units(m, ...)) (per_module) or len(blocks(units(m, ...))), in closed form, so that
     the engine's work can be estimated without building anything (sim.core.limits)."""
@@ -128,12 +195,10 @@ def unit_count(m: ModelSpec, *, per_module: bool) -> int:
 
 
 def merge(group: list[Unit], name: str, role: Role) -> Unit:
-    """Sum a list of units into one (a block, or FSDP2's root group)."""
-    return Unit(name, group[0].block, tuple(t for u in group for t in u.tensors),
-                sum(u.fwd_flops for u in group), sum(u.bwd_input_flops for u in group),
-                sum(u.bwd_weight_flops for u in group), sum(u.fwd_bytes for u in group),
-                sum(u.bwd_bytes for u in group), sum(u.attention_flops for u in group), role=role,
-                containers=group[0].containers[:2])
+    """A list of units as one (a block, or FSDP2's root group): their kernels in order."""
+    passes = chain(*(u.passes for u in group))
+    return Unit(name, group[0].block, tuple(t for u in group for t in u.tensors), passes,
+                tuple(k for u in group for k in u.selective), role=role, containers=group[0].containers[:2])
 
 
 EMBEDDINGS = (Role.TOKEN_EMBEDDING, Role.POSITION_EMBEDDING)

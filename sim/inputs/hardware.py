@@ -28,6 +28,9 @@ GPU_KEYS = (
     Key("memory_bandwidth_efficiency", float, fraction=True),
     Key("uncertain", list, required=False, default=[]),
     Key("kernel_overhead_us", float, required=False, default=0.0, non_negative=True),
+    Key("sm_count", int, required=False, default=0, non_negative=True, maximum=100_000),
+    Key("attention_efficiency", float, required=False, default=None, fraction=True),
+    Key("attention_backward_efficiency", float, required=False, default=None, fraction=True),
 )
 CLUSTER_KEYS = (
     Key("name", str),
@@ -66,6 +69,10 @@ HOST_KEYS = (
     Key("gpus_per_pcie_switch", int, positive=True),
     Key("cpu_adam_params_per_s", float, positive=True),
     Key("nvme_bandwidth_GBps", float, required=False, default=0.0, non_negative=True),
+    Key("launch_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
+    Key("collective_launch_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
+    Key("zero3_hook_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
+    Key("fsdp2_hook_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
 )
 
 
@@ -77,11 +84,14 @@ def load_gpu(path: Path) -> GpuSpec:
 def gpu_from_table(table: Mapping[str, Any], source: str | Path, prefix: str = "") -> GpuSpec:
     v = read_table(table, GPU_KEYS, source, prefix)
     _check_uncertain(v["uncertain"], {k.name for k in GPU_KEYS}, source, prefix)
+    attention = v["attention_efficiency"] or v["matmul_efficiency"]
     return GpuSpec(name=v["name"], memory=v["memory"], memory_bandwidth=v["memory_bandwidth"],
                    bf16_flops=v["bf16"], fp16_flops=v["fp16"], fp32_flops=v["fp32"],
                    matmul_efficiency=v["matmul_efficiency"],
                    memory_bandwidth_efficiency=v["memory_bandwidth_efficiency"],
-                   uncertain=tuple(v["uncertain"]), kernel_overhead=v["kernel_overhead"])
+                   uncertain=tuple(v["uncertain"]), kernel_overhead=v["kernel_overhead"],
+                   sm_count=v["sm_count"], attention_efficiency=attention,
+                   attention_backward_efficiency=v["attention_backward_efficiency"] or attention)
 
 
 def load_cluster(path: Path) -> ClusterSpec:
@@ -117,7 +127,9 @@ def cluster_from_table(table: Mapping[str, Any], source: str | Path, base_dir: P
                                     latency=host["pcie_latency"]),
                       gpus_per_pcie_switch=host["gpus_per_pcie_switch"],
                       cpu_adam_params_per_s=host["cpu_adam_params_per_s"],
-                      nvme_bandwidth=host["nvme_bandwidth"]))
+                      nvme_bandwidth=host["nvme_bandwidth"], launch=host["launch"],
+                      collective_launch=host["collective_launch"], zero3_hook=host["zero3_hook"],
+                      fsdp2_hook=host["fsdp2_hook"]))
     cal = read_table(v["calibration"], CALIBRATION_KEYS, source, prefix + "calibration.")
     calibration = {op: (cal[f"{op}_alpha"], cal[f"{op}_busbw"]) for op in CALIBRATED_OPS
                    if cal[f"{op}_alpha"] is not None and cal[f"{op}_busbw"] is not None}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.core import limits as L
-from sim.core.enums import Algorithm, Axis, Engine, Precision, Recompute, ScheduleMode
+from sim.core.enums import Algorithm, AttentionImpl, Axis, Engine, KernelStyle, Precision, Recompute, ScheduleMode
 from sim.core.errors import InputError
 from sim.core.model import ModelSpec
 from sim.core.specs import ClusterSpec
@@ -23,7 +23,7 @@ from sim.inputs.deepspeed_config import read_deepspeed_config, resolve_batch
 from sim.inputs.hardware import cluster_from_table, load_cluster
 from sim.inputs.models import load_model
 from sim.inputs.reading import parse_toml, read_text
-from sim.inputs.scenario import CommConfig, Parallelism, Scenario, Training
+from sim.inputs.scenario import CommConfig, ComputeConfig, Parallelism, Scenario, Training
 from sim.inputs.scenario_checks import check_scenario
 from sim.inputs.scenario_tables import ddp_from_table, fsdp_from_table, read_training
 from sim.inputs.schema import Key, check_value, read_table
@@ -41,9 +41,14 @@ TOP_KEYS = (
     Key("ddp", dict, required=False, default=None),
     Key("schedule", str, required=False, default="implemented", choices=tuple(ScheduleMode)),
     Key("comm", dict, required=False, default={}),
+    Key("compute", dict, required=False, default={}),
+)
+COMPUTE_KEYS = (
+    Key("kernels", str, required=False, default="torch", choices=tuple(KernelStyle)),
+    Key("attention", str, required=False, default="flash", choices=tuple(AttentionImpl)),
 )
 COMM_KEYS = (
-    Key("algorithm", str, required=False, default="ring", choices=tuple(Algorithm)),
+    Key("algorithm", str, required=False, default="auto", choices=tuple(Algorithm)),
     Key("busbw_GBps", dict, required=False, default={}),
 )
 PARALLEL_KEYS = (
@@ -90,7 +95,8 @@ def scenario_from_table(raw: Mapping[str, Any], source: Path, name: str, questio
         engine=engine, zero=zero,
         fsdp=fsdp_from_table(top["fsdp"] or {}, source) if engine is Engine.FSDP2 else None,
         ddp=ddp_from_table(top["ddp"] or {}, source) if engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY) else None,
-        schedule_mode=ScheduleMode(top["schedule"]), comm=_comm(top["comm"], source))
+        schedule_mode=ScheduleMode(top["schedule"]), comm=_comm(top["comm"], source),
+        compute=_compute(top["compute"], source))
     check_scenario(scenario, source)
     return scenario
 
@@ -105,6 +111,11 @@ def _comm(raw: Mapping[str, Any], source: Path) -> CommConfig:
         rate = check_value(value, Key(axis, float, positive=True), source, f"comm.busbw_GBps.{axis}")
         busbw.append((Axis(axis), rate * GB))
     return CommConfig(algorithm=Algorithm(v["algorithm"]), busbw=tuple(sorted(busbw)))
+
+
+def _compute(raw: Mapping[str, Any], source: Path) -> ComputeConfig:
+    v = read_table(raw, COMPUTE_KEYS, source, "compute.")
+    return ComputeConfig(kernels=KernelStyle(v["kernels"]), attention=AttentionImpl(v["attention"]))
 
 
 def _question(text: str) -> str:

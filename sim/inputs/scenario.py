@@ -9,7 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.core.enums import Algorithm, Axis, Engine, Precision, Recompute, ScheduleMode, ZeroStage
+from sim.core.enums import (
+    Algorithm,
+    AttentionImpl,
+    Axis,
+    Engine,
+    KernelStyle,
+    Precision,
+    Recompute,
+    ScheduleMode,
+    ZeroStage,
+)
 from sim.core.model import ModelSpec
 from sim.core.specs import ClusterSpec
 from sim.inputs.scenario_tables import DdpConfig, FsdpConfig
@@ -21,11 +31,20 @@ class CommConfig:
     """[comm]: the collective algorithm and optional bus-bandwidth overrides per group axis
     (bytes/s; the SimAI-style busbw table, design.md fidelity rules)."""
 
-    algorithm: Algorithm = Algorithm.RING
+    algorithm: Algorithm = Algorithm.AUTO
     busbw: tuple[tuple[Axis, float], ...] = ()
 
     def override(self, axis: Axis | None) -> float | None:
         return dict(self.busbw).get(axis) if axis is not None else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeConfig:
+    """[compute]: whose kernels run the model (sim.analytic.kernels): the implementation's
+    fusions and the attention kernel."""
+
+    kernels: KernelStyle = KernelStyle.TORCH
+    attention: AttentionImpl = AttentionImpl.FLASH
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,6 +95,7 @@ class Scenario:
     ddp: DdpConfig | None     # set for 'ddp' and 'ddp-zero-redundancy'
     schedule_mode: ScheduleMode = ScheduleMode.IMPLEMENTED
     comm: CommConfig = CommConfig()
+    compute: ComputeConfig = ComputeConfig()
 
     @property
     def world_size(self) -> int:

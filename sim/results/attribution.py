@@ -25,6 +25,7 @@ class TimeBreakdown:
     exposed_offload_s: float = 0.0
     bubble_s: float = 0.0
     optimizer_s: float = 0.0
+    exposed_host_s: float = 0.0     # the device waited for the host to issue work (sim.des.host)
     exposed_by_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     exposed_by_layer: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
@@ -48,7 +49,8 @@ class TimeBreakdown:
 
     @property
     def total(self) -> float:
-        return self.compute_s + self.exposed_comm_s + self.exposed_offload_s + self.bubble_s + self.optimizer_s
+        return (self.compute_s + self.exposed_comm_s + self.exposed_offload_s + self.bubble_s + self.optimizer_s
+                + self.exposed_host_s)
 
 
 def attribute(spans: Sequence[Span], step_start: float, step_end: float, serial: bool = False) -> TimeBreakdown:
@@ -57,10 +59,18 @@ def attribute(spans: Sequence[Span], step_start: float, step_end: float, serial:
     out = TimeBreakdown()
     compute = sorted((s for s in spans if serial or s.op.stream is Stream.COMPUTE), key=lambda s: (s.start, s.op.id))
     for s in compute:
-        if s.start > s.ready:
-            assert s.blocker is not None
-            out.blame(s.blocker, s.start - s.ready)
-        out.blame(s.op, s.end - s.start)
+        wait = s.start - s.ready
+        if wait > 0:
+            host = min(s.host_wait, wait)
+            out.exposed_host_s += host
+            rest = wait - host
+            if s.blocker is not None:
+                out.blame(s.blocker, rest)
+            else:   # only rounding is left when the host alone held the op
+                assert rest <= 1e-9 * max(1.0, s.start), (s.op.name, rest)
+                out.exposed_host_s += rest
+        out.exposed_host_s += s.host_inside
+        out.blame(s.op, s.end - s.start - s.host_inside)
     tail_from = compute[-1].end if compute else step_start
     if step_end > tail_from:
         last = max(spans, key=lambda s: (s.end, s.op.id))

@@ -84,7 +84,7 @@ class SimulationResult:
             "mfu": per_gpu_tflops * 1e12 / s.cluster.gpu.peak_flops(t.precision),
             "time": {"compute_s": b.compute_s, "exposed_comm_s": b.exposed_comm_s,
                      "exposed_offload_s": b.exposed_offload_s, "bubble_s": b.bubble_s,
-                     "optimizer_s": b.optimizer_s},
+                     "optimizer_s": b.optimizer_s, "exposed_host_s": b.exposed_host_s},
             "exposed_comm_by_kind_s": dict(sorted(b.exposed_by_kind.items())),
             "exposed_comm_by_layer_s": dict(sorted(b.exposed_by_layer.items(), key=lambda kv: _layer_key(kv[0]))),
             "memory": {"peak_bytes": peak.peak, "rank": peak.rank, "device_bytes": peak.capacity,

@@ -1,7 +1,7 @@
 """Chrome / Perfetto trace of a simulation (Trace Event Format; reference 6.1).
 
 One process per node, one thread per rank and stream, `X` events in microseconds (an op
-that joins several modules' kernels shows them as slices nested in it), memory
+that runs several kernels shows them as slices nested in it), memory
 as a counter track per rank, collectives with PyTorch profiler argument names
 (`Collective name`, `In msg nelems`, `Out msg nelems`, `Group size`, `dtype`).
 """
@@ -14,6 +14,7 @@ from typing import Any
 from sim.analytic.opcost import wire_bytes_per_rank
 from sim.core.enums import Coll
 from sim.des.engine import Span, kernel_time
+from sim.des.host import hook_cost
 from sim.engines.layout import Layout
 from sim.engines.schedule import Collective, Compute, Copy, Send, Stream
 from sim.results.step import SimulationResult
@@ -35,7 +36,7 @@ def chrome_trace(result: SimulationResult) -> dict[str, Any]:
         events.append({"name": span.op.name, "cat": span.op.kind.value, "ph": "X", "pid": node, "tid": tid,
                        "ts": span.start * US, "dur": (span.end - span.start) * US,
                        "args": _args(span, layout, elem)})
-        if isinstance(span.op, Compute) and span.op.kernels:
+        if isinstance(span.op, Compute) and len(span.op.kernels) > 1:
             events += _kernels(span, node, tid, result)
     for rank, pool in sorted(engine.pools.items()):
         for t, used in pool.timeline:
@@ -54,13 +55,20 @@ def chrome_trace(result: SimulationResult) -> dict[str, Any]:
 
 
 def _kernels(span: Span, node: int, tid: int, result: SimulationResult) -> list[dict[str, Any]]:
-    """A joined compute op's kernels as slices nested inside it, back to back."""
+    """A compute op's kernels as slices nested inside it, back to back, each no earlier than
+    the host launched it (sim.des.host)."""
     out, t = [], span.start
+    s = result.scenario
     assert isinstance(span.op, Compute)
+    launched = span.host_begun + hook_cost(span.op, s.cluster.host, s.engine)
     for k in span.op.kernels:
-        seconds = kernel_time(k, result.scenario)
+        if span.host_begun >= 0:
+            launched += s.cluster.host.launch
+            t = max(t, launched)
+        seconds = kernel_time(k, s)
         out.append({"name": k.name, "cat": "kernel", "ph": "X", "pid": node, "tid": tid, "ts": t * US,
-                    "dur": seconds * US, "args": {"flops": k.flops, "micro_step": span.op.micro_step}})
+                    "dur": seconds * US, "args": {"kind": k.kind.value, "flops": k.flops, "bytes": k.bytes,
+                                                  "micro_step": span.op.micro_step, "step": span.step}})
         t += seconds
     return out
 

@@ -22,6 +22,7 @@ from sim.analytic.volumes import (
 from sim.core.enums import ScheduleMode, ZeroStage
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.des.engine import local_time
+from sim.des.host import host_cost
 from sim.engines.layout import Layout
 from sim.engines.plan import expected_dp_volume
 from sim.engines.schedule import AnyOp, Collective, Copy, Send
@@ -65,12 +66,15 @@ class Bounds:
 
 
 def step_bounds(result: SimulationResult) -> Bounds:
-    """Lower bound: the busiest stream of any rank class; upper bound: every op of every
-    class one after another (with pipeline stages, the stages' work in sequence)."""
+    """Lower bound: the busiest stream of any rank class, the host that issues them counted
+    as one (sim.des.host); upper bound: every op of every class one after another, and the
+    host's work too (with pipeline stages, the stages' work in sequence)."""
     per_stream: dict[tuple[int, str], float] = defaultdict(float)
+    s = result.scenario
     for cls in range(len(result.schedule.classes)):
         for op in result.schedule.ops(cls):
-            per_stream[(cls, op.stream.value)] += op_cost(op, result.scenario, result.layout)
+            per_stream[(cls, op.stream.value)] += op_cost(op, s, result.layout)
+            per_stream[(cls, "host")] += host_cost(op, s.cluster.host, s.engine)
     first = {stream: v for (cls, stream), v in per_stream.items() if cls == 0}
     return Bounds(max(per_stream.values()), sum(per_stream.values()), first)
 

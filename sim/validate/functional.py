@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.analytic.kernels import Passes
 from sim.core.enums import Coll
 from sim.engines.layout import Layout
 from sim.engines.paper import PaperPlanner
@@ -55,7 +56,7 @@ def paper_schedule(mlp: Mlp, ranks: int, stage: int, steps_of_accumulation: int 
                           "precision": "fp32"},
              "zero": {"stage": stage}}
     s = scenario_from_table(table, Path("sim/validate/functional.py"), f"mlp-zero{stage}")
-    units = [Unit(f"layer{i}", None, (n,), 0.0, 0.0, 0.0, 0.0, 0.0) for i, n in enumerate(mlp.layer_sizes)]
+    units = [Unit(f"layer{i}", None, (n,), Passes()) for i, n in enumerate(mlp.layer_sizes)]
     return PaperPlanner(s, Layout(tp=1, pp=1, dp=ranks, gpus_per_node=ranks), granules=units).build()
 
 
@@ -146,12 +147,12 @@ def parameters(run: Run) -> np.ndarray:
 
 def _execute(run: Run, op: AnyOp) -> None:
     if isinstance(op, Compute):
-        for kernel in op.parts():
-            found = re.search(r"layer(\d+)", kernel.name)
+        for name in op.module_ops():
+            found = re.search(r"layer(\d+)", name)
             layer = int(found.group(1)) if found else None
             if layer is not None:
                 step = {"fwd": _forward, "bwd-input": _backward_input, "bwd-weight": _backward_weight}
-                step[kernel.name.split()[0]](run, layer)
+                step[name.split()[0]](run, layer)
         for alloc in op.free:   # ZeRO-3 drops a broadcast segment after its last use
             if alloc.label.startswith("segment "):
                 for rank in run.state:

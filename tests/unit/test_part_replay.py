@@ -53,6 +53,7 @@ def test_identical_micro_steps_are_replayed(name):
 
 
 # -- the builder's rules, one by one ---------------------------------------------------------
+from sim.analytic.kernels import gemm  # noqa: E402
 from sim.engines.builder import Builder  # noqa: E402
 from sim.engines.schedule import Alloc, Direction, Mem, Phase, PipeTag, Stream  # noqa: E402
 
@@ -60,7 +61,8 @@ ACT = Alloc(Mem.ACTIVATIONS, "activations", 1.0)
 
 
 def kernel(b: Builder, name: str, **kw):
-    return b.compute(f"fwd {name}", kw.pop("phase", Phase.FWD), kw.pop("ms", 0), flops=1.0, join=True, **kw)
+    return b.compute(f"fwd {name}", kw.pop("phase", Phase.FWD), kw.pop("ms", 0), kernels=(gemm(name, 8, 8, 8),),
+                     join=True, **kw)
 
 
 def test_a_quiet_kernel_joins_the_op_before_it():
@@ -68,8 +70,9 @@ def test_a_quiet_kernel_joins_the_op_before_it():
     first = kernel(b, "m.layers.0.attn", layer=0)
     assert kernel(b, "m.layers.0.mlp", layer=0) == first
     (op,) = b.finish().streams[Stream.COMPUTE]
-    assert [k.name for k in op.kernels] == ["fwd m.layers.0.attn", "fwd m.layers.0.mlp"]
-    assert op.name == "fwd m.layers.0" and op.flops == 2.0
+    assert [k.name for k in op.kernels] == ["m.layers.0.attn", "m.layers.0.mlp"]
+    assert op.module_ops() == ("fwd m.layers.0.attn", "fwd m.layers.0.mlp")
+    assert op.name == "fwd m.layers.0" and op.flops == 2 * 2 * 8**3
 
 
 @pytest.mark.parametrize("between", ["host sync", "frees", "allocates", "other phase", "other layer",
@@ -105,7 +108,7 @@ def test_replay_renumbers_micro_steps_and_shifts_dependencies():
             continue
         b.begin_part()
         b.stream_receive(Stream.COMPUTE, PipeTag(Direction.FORWARD, ms))
-        a = b.compute("fwd a", Phase.FWD, ms, flops=1.0)
+        a = b.compute("fwd a", Phase.FWD, ms)
         b.send("send", Phase.FWD, ms, nbytes=4.0, tag=PipeTag(Direction.FORWARD, ms), peer=1, deps=[a])
         b.end_part("part", ms)
     assert b.replayed == 2
