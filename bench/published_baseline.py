@@ -30,6 +30,7 @@ from sim.des.engine import Mode
 from sim.engines.plan import check_work
 from sim.inputs.scenario import Scenario
 from sim.simulate import simulate
+from sim.studies.fit_report import engine_label
 from sim.studies.published import PublishedRow, read_rows
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,13 +100,6 @@ def run_all(rows: list[PublishedRow], workers: int, timeout: float) -> dict[str,
             parent.close()
             running.remove(item)
     return out
-
-
-def engine_label(s: Scenario) -> str:
-    if s.zero is not None:
-        off = "+offload" if s.zero.offload_optimizer.enabled or s.zero.offload_param.enabled else ""
-        return f"deepspeed z{int(s.zero.stage)}{off}"
-    return str(s.engine)
 
 
 def error_pct(row: PublishedRow, o: Outcome) -> float | None:

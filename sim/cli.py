@@ -28,6 +28,7 @@ from sim.cli_checks import (
     strict_json,
     written,
 )
+from sim.cli_fit import add_fit_args, cmd_fit
 from sim.core import limits as L
 from sim.core.enums import Convention
 from sim.core.errors import InputError
@@ -95,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run DDP, ZeroRedundancyOptimizer and FSDP2 on gloo and compare their "
                                      "collectives and memory with the planner's (needs torch).")
     add_validate_args(val)
+    fit = sub.add_parser("fit", help="fit the clock's physical parameters to published step times (k-fold CV)",
+                         description="Fit GPU, network and host parameters to published-measurement CSVs "
+                                     "(shared/validation format) with the DES; report in-sample and "
+                                     "cross-validated errors per row; optionally write fitted hardware files.")
+    add_fit_args(fit)
     cat = sub.add_parser("catalog", help="list bundled models, hardware and scenarios")
     cat.add_argument("kind", nargs="?", choices=KINDS)
     return parser
@@ -196,7 +202,7 @@ def cmd_validation(args: argparse.Namespace) -> int:
     return commands.cmd_calibrate(args) if args.command == "calibrate" else commands.cmd_validate(args)
 
 
-COMMANDS = {"memory": cmd_memory, "run": cmd_run, "check": cmd_check, "catalog": cmd_catalog,
+COMMANDS = {"memory": cmd_memory, "run": cmd_run, "check": cmd_check, "catalog": cmd_catalog, "fit": cmd_fit,
             "calibrate": cmd_validation, "validate": cmd_validation}
 
 

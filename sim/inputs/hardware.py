@@ -31,6 +31,7 @@ GPU_KEYS = (
     Key("sm_count", int, required=False, default=0, non_negative=True, maximum=100_000),
     Key("attention_efficiency", float, required=False, default=None, fraction=True),
     Key("attention_backward_efficiency", float, required=False, default=None, fraction=True),
+    Key("comm_interference", float, required=False, default=0.0, non_negative=True, maximum=1.0),
 )
 CLUSTER_KEYS = (
     Key("name", str),
@@ -91,7 +92,8 @@ def gpu_from_table(table: Mapping[str, Any], source: str | Path, prefix: str = "
                    memory_bandwidth_efficiency=v["memory_bandwidth_efficiency"],
                    uncertain=tuple(v["uncertain"]), kernel_overhead=v["kernel_overhead"],
                    sm_count=v["sm_count"], attention_efficiency=attention,
-                   attention_backward_efficiency=v["attention_backward_efficiency"] or attention)
+                   attention_backward_efficiency=v["attention_backward_efficiency"] or attention,
+                   comm_interference=v["comm_interference"])
 
 
 def load_cluster(path: Path) -> ClusterSpec:

@@ -17,6 +17,9 @@ def format_run(j: dict[str, Any], question: str) -> str:
         f"TFLOPS/GPU     {j['tflops_per_gpu']:.1f} model, {j['hw_tflops_per_gpu']:.1f} hardware     MFU {100 * j['mfu']:.1f}%",
         "time           " + ", ".join(f"{k[:-2].replace('_', ' ')} {v:.4f} s" for k, v in t.items()),
     ]
+    share = {"host": t["exposed_host_s"], "communication": t["exposed_comm_s"], "offload": t["exposed_offload_s"],
+             "pipeline bubble": t["bubble_s"]}.get(j["bound"], t["compute_s"]) / j["step_time_s"]
+    lines.append(f"bound by       {j['bound']} ({100 * share:.0f}% of the step)")
     if j["exposed_comm_by_kind_s"]:
         top = sorted(j["exposed_comm_by_kind_s"].items(), key=lambda kv: -kv[1])[:4]
         lines.append("exposed comm   " + ", ".join(f"{k} {v:.4f} s" for k, v in top))

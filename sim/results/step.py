@@ -85,6 +85,7 @@ class SimulationResult:
             "time": {"compute_s": b.compute_s, "exposed_comm_s": b.exposed_comm_s,
                      "exposed_offload_s": b.exposed_offload_s, "bubble_s": b.bubble_s,
                      "optimizer_s": b.optimizer_s, "exposed_host_s": b.exposed_host_s},
+            "bound": bound(b, self.step_time_s),
             "exposed_comm_by_kind_s": dict(sorted(b.exposed_by_kind.items())),
             "exposed_comm_by_layer_s": dict(sorted(b.exposed_by_layer.items(), key=lambda kv: _layer_key(kv[0]))),
             "memory": {"peak_bytes": peak.peak, "rank": peak.rank, "device_bytes": peak.capacity,
@@ -102,6 +103,19 @@ class SimulationResult:
             "engine": s.engine.value, "schedule": self.schedule.strategy, "mode": self.mode.value,
             "steps": self.steps, "notes": self.schedule.notes,
         }
+
+
+BOUND_SHARE = 0.10   # an exposed class this large a share of the step names what bounds it
+
+
+def bound(b: TimeBreakdown, step_s: float) -> str:
+    """What the step waits on besides its own compute: the largest exposed class (host,
+    communication, offload, pipeline bubble) when it is at least BOUND_SHARE of the step,
+    else 'compute'."""
+    exposed = {"host": b.exposed_host_s, "communication": b.exposed_comm_s,
+               "offload": b.exposed_offload_s, "pipeline bubble": b.bubble_s}
+    name, seconds = max(exposed.items(), key=lambda kv: kv[1])
+    return name if step_s > 0 and seconds >= BOUND_SHARE * step_s else "compute"
 
 
 def _layer_key(name: str) -> tuple[int, int]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,10 +164,27 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]
     if choice.partition_activations:
         training["partition_activations"] = True
     table: dict[str, Any] = {"model": model, "cluster": cluster, "nodes": layout.nodes, "parallel": parallel,
-                             "training": training, **choice.keys}
+                             "training": training, "compute": _compute(f, cluster, choice.megatron, notes),
+                             **choice.keys}
     if layout.gpus_per_node != cluster_gpn:
         table["gpus_per_node"] = layout.gpus_per_node
     return table, vocab
+
+
+FLASH_FRAMEWORKS = r"torchtitan|llm-foundry|fms-fsdp|megatron-core|flash"
+
+
+def _compute(f: Mapping[str, str], cluster: str, megatron: bool, notes: list[str]) -> dict[str, str]:
+    """[compute] of a row: Megatron-based frameworks run Megatron's fused kernels, the rest
+    torch ops (torchtitan-style); attention is FlashAttention where the framework used it
+    (torchtitan, llm-foundry, fms-fsdp, Megatron-Core 2024, or the row says flash) and
+    never on V100 (FlashAttention needs sm80+), unfused (QK^T, softmax, PV) otherwise."""
+    text = " ".join(f.get(c, "") for c in ("source", "framework", "other_config", "model")).lower()
+    flash = bool(re.search(FLASH_FRAMEWORKS, text)) and "v100" not in f.get("gpu", "").lower() \
+        and not cluster.lower().startswith(("dgx-2", "dgx1"))
+    out = {"kernels": "megatron" if megatron else "torch", "attention": "flash" if flash else "unfused"}
+    notes.append(f"kernels {out['kernels']}, attention {out['attention']} (from the framework and date)")
+    return out
 
 
 def _sequence_parallel(f: Mapping[str, str]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from sim.inputs.load import scenario_from_table
@@ -61,3 +62,19 @@ def tiny(strategy: str, *, nodes: int = 1, grad_accum: int = 2, recompute: str =
 def bundled(name: str) -> Scenario:
     path = Path(__file__).resolve().parents[2] / "scenarios" / f"{name}.toml"
     return scenario_from_table(read_toml(path), path, name)
+
+
+def without_interference(s: Scenario) -> Scenario:
+    """`s` with compute-communication interference off: the exactness checks of the engine's
+    shortcuts compare op times to 1e-12, and whether a compute op that starts at the very
+    instant a collective starts is slowed depends on the order SimPy runs them in."""
+    gpu = replace(s.cluster.gpu, comm_interference=0.0)
+    return replace(s, cluster=replace(s.cluster, node=replace(s.cluster.node, gpu=gpu)))
+
+
+def without_host(s: Scenario) -> Scenario:
+    """`s` with no host CPU costs (launches, collective calls, framework hooks) and no
+    interference: the engine's links and streams alone, for identities of the overlap model."""
+    host = replace(s.cluster.node.host, launch=0.0, collective_launch=0.0, zero3_hook=0.0, fsdp2_hook=0.0)
+    s = without_interference(s)
+    return replace(s, cluster=replace(s.cluster, node=replace(s.cluster.node, host=host)))

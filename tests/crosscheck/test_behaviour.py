@@ -12,7 +12,7 @@ from sim.engines.schedule import Collective, Kind
 from sim.results.trace import chrome_trace
 from sim.simulate import simulate, volume_by_kind
 from sim.studies.check import op_cost
-from tests.crosscheck.scenarios import tiny
+from tests.crosscheck.scenarios import tiny, without_host
 
 BIG = {"name": "mid", "layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 16, "ffn_hidden": 5504,
        "vocab": 32000}
@@ -30,7 +30,7 @@ def test_zero3_with_ample_bandwidth_approaches_compute_time():
 
 def test_zero3_with_starved_bandwidth_approaches_communication_time():
     # All-gathers and reduce-scatters share each GPU's NIC, so the link's total work bounds the step.
-    r = simulate(zero3(comm={"busbw_GBps": {"dp": 0.5}}))
+    r = simulate(without_host(zero3(comm={"busbw_GBps": {"dp": 0.5}})))
     comm = sum(op_cost(op, r.scenario, r.layout) for op in r.schedule.ops(0) if op.kind is Kind.COLLECTIVE)
     assert r.step_time_s >= comm * (1 - 1e-9)
     assert r.step_time_s == pytest.approx(comm, rel=0.01)
@@ -76,8 +76,8 @@ def test_zero3_coalesced_prefetch_makes_a_huge_bucket_expose_more():
 
 def test_zero2_without_overlap_comm_is_slower_by_about_the_reduction_time():
     # compute-bound enough for overlap to matter: 16K tokens per GPU per micro-step
-    on = simulate(tiny("ds-zero2-overlap", model=BIG, nodes=2, seq_len=4096, micro_batch=4))
-    off = simulate(tiny("ds-zero2", model=BIG, nodes=2, seq_len=4096, micro_batch=4))
+    on = simulate(without_host(tiny("ds-zero2-overlap", model=BIG, nodes=2, seq_len=4096, micro_batch=4)))
+    off = simulate(without_host(tiny("ds-zero2", model=BIG, nodes=2, seq_len=4096, micro_batch=4)))
     reductions = sum(op_cost(op, off.scenario, off.layout) for op in off.schedule.ops(0)
                      if op.kind is Kind.COLLECTIVE and op.purpose == "grad bucket")
     hidden_when_on = reductions - on.breakdown.exposed_by_kind.get("all_reduce (grad bucket)", 0.0)

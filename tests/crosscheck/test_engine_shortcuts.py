@@ -11,7 +11,7 @@ from sim.des.class_plan import implied_deps
 from sim.des.engine import EventEngine, Mode
 from sim.engines.plan import layout_of, plan
 from sim.engines.schedule import ClassSchedule
-from tests.crosscheck.scenarios import STRATEGIES, tiny
+from tests.crosscheck.scenarios import STRATEGIES, tiny, without_interference
 
 CASES = [(name, 1) for name in STRATEGIES] + [(name, 2) for name in
                                               ("ddp", "ds-zero2-overlap", "ds-zero3-prefetch", "fsdp2",
@@ -20,6 +20,7 @@ CASES = [(name, 1) for name in STRATEGIES] + [(name, 2) for name in
 
 
 def run(s, *, shortcuts: bool, mode: Mode = Mode.REPRESENTATIVE) -> EventEngine:
+    s = without_interference(s)
     engine = EventEngine(s, plan(s), layout_of(s), mode, shortcuts=shortcuts)
     engine.run(2)
     return engine

@@ -9,7 +9,7 @@ import pytest
 from sim.des.engine import EventEngine, Mode, kernel_time
 from sim.engines.plan import layout_of, planner_for
 from sim.engines.schedule import Compute, Schedule
-from tests.crosscheck.scenarios import STRATEGIES, tiny
+from tests.crosscheck.scenarios import STRATEGIES, tiny, without_interference
 
 PIPELINED = {"ds-zero1-pp4": {"zero": {"stage": 1}, "parallel": {"pp": 4}},
              "ds-zero0-tp2": {"zero": {"stage": 0}, "parallel": {"tp": 2}},
@@ -55,6 +55,9 @@ def memory(timeline: list[tuple[float, float]], scale: float) -> list[tuple[floa
 
 
 def runs(s, host: bool) -> tuple[EventEngine, EventEngine]:
+    """Plain and joined; without compute-communication interference, which a joined op
+    samples once for all its kernels (docs/cost-models.md)."""
+    s = without_interference(s)
     out = []
     for joins in (False, True):
         engine = EventEngine(s, schedule(s, joins=joins), layout_of(s), Mode.REPRESENTATIVE, host=host)

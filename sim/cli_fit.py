@@ -1,0 +1,114 @@
+"""`zerosim fit CSV [CSV ...]`: arguments and the command (sim.studies.fit does the work).
+
+Reads published-measurement CSVs (shared/validation/README.md formats, via
+sim.studies.published), fits the physical clock parameters on the usable rows with k-fold
+cross-validation, prints the error statistics and parameters, and on request writes the
+fitted hardware files, the per-row table, a scatter plot and the generated block of a
+markdown file (docs/fidelity.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from sim.cli_checks import CLI, check_int, check_output_path, image_suffixes, strict_json, written
+from sim.core.errors import InputError
+from sim.inputs.catalog import catalog_dir
+from sim.studies import fit_report as report
+from sim.studies.fit import MAX_ITERATIONS, FitRow, fit
+from sim.studies.fit_params import CLUSTER_BOUNDS, GPU_BOUNDS, HOST_BOUNDS, write_files
+from sim.studies.published import read_rows
+
+KEYS = (*GPU_BOUNDS, *CLUSTER_BOUNDS, *HOST_BOUNDS)
+
+
+def add_fit_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("csvs", nargs="+", metavar="CSV", help="published-measurement CSV files")
+    p.add_argument("--folds", type=int, default=5, help="cross-validation folds (default 5; 1: none)")
+    p.add_argument("--jobs", type=int, default=2, help="simulations run at once (default 2)")
+    p.add_argument("--iterations", type=int, default=MAX_ITERATIONS,
+                   help=f"trust-region iterations per fit (default {MAX_ITERATIONS})")
+    p.add_argument("--params", default="", help=f"comma-separated keys to fit (default all): {', '.join(KEYS)}")
+    p.add_argument("--only", default="", help="comma-separated row ids to use (default all usable rows)")
+    p.add_argument("--write-hardware", metavar="DIR", help="write the catalog hardware files with the "
+                   "fitted values into DIR (DIR = the catalog's hardware folder ships them)")
+    p.add_argument("--csv", metavar="OUT.csv", help="write the per-row table")
+    p.add_argument("--plot", metavar="OUT.png", help="draw predicted vs published (.png, .svg, ...)")
+    p.add_argument("--doc", metavar="FILE.md", help="replace the generated block of this markdown file")
+    p.add_argument("--json", action="store_true", help="print statistics, parameters and rows as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _rows(args: argparse.Namespace) -> list[FitRow]:
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    rows = []
+    for csv in args.csvs:
+        for r in read_rows(csv):
+            if r.scenario is not None and r.measured_step_s and (not only or r.id in only):
+                rows.append(FitRow(r.id, r.scenario, r.measured_step_s, r.source))
+    unknown = only - {r.id for r in rows}
+    if unknown:
+        raise InputError(CLI, "--only", f"{', '.join(sorted(unknown))}: no usable row with that id")
+    if not rows:
+        raise InputError(args.csvs[0], "rows", "no usable row (a scenario and a measured step time); "
+                         "see bench/published_baseline.py for the reasons")
+    return rows
+
+
+def _nulls(obj: Any) -> Any:
+    """NaN (a row not simulated) becomes null: JSON has no NaN."""
+    if isinstance(obj, dict):
+        return {k: _nulls(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_nulls(v) for v in obj]
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    return obj
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    folds = check_int(args.folds, "--folds", low=1, high=50)
+    jobs = check_int(args.jobs, "--jobs", low=1, high=256)
+    iterations = check_int(args.iterations, "--iterations", low=1, high=100)
+    params = [x.strip() for x in args.params.split(",") if x.strip()]
+    for key in params:
+        if key not in KEYS:
+            raise InputError(CLI, "--params", f"unknown parameter {key!r}; allowed: {', '.join(KEYS)}")
+    csv_out = check_output_path(args.csv, "--csv", ("csv",)) if args.csv else None
+    plot_out = check_output_path(args.plot, "--plot", image_suffixes()) if args.plot else None
+    doc = check_output_path(args.doc, "--doc", ("md",)) if args.doc else None
+    hw_out = Path(args.write_hardware) if args.write_hardware else None
+    if hw_out is not None and not hw_out.is_dir():
+        raise InputError(CLI, "--write-hardware", f"{args.write_hardware!r} is not a folder; allowed: an existing folder")
+    rows = _rows(args)
+    progress = None if args.quiet else (lambda line: print(f"zerosim fit: {line}", file=sys.stderr, flush=True))
+    result = fit(rows, folds=folds if folds > 1 else 0, jobs=jobs, only=params, iterations=iterations,
+                 progress=progress)
+    df = report.table(rows, result)
+    stats = report.summary(df)
+    if csv_out:
+        written(csv_out, "--csv", lambda p: df.to_csv(p, index=False))
+    if plot_out:
+        written(plot_out, "--plot", lambda p: report.plot(df, p))
+    if doc:
+        text = doc.read_text() if doc.exists() else ""
+        written(doc, "--doc", lambda p: p.write_text(report.replace_block(text, report.markdown(df, result, args.csvs))))
+    if hw_out is not None:
+        n = len(df)
+        cv = stats["all"]["cross_validated"]
+        note = (f"zerosim fit on {n} published rows ({', '.join(Path(c).name for c in args.csvs)}); "
+                f"CV median |err| {100 * cv['median_abs']:.1f}%" if folds > 1 else f"zerosim fit on {n} published rows")
+        written(hw_out, "--write-hardware",
+                lambda p: write_files(result.params, result.values, catalog_dir("hardware"), p,
+                                      lambda param: f"{note} (docs/fidelity.md); bounds {param.low:g}-{param.high:g}"))
+    if args.json:
+        out = {"stats": stats, "params": report.params_table(result), "rows": df.to_dict(orient="records"),
+               "simulations": result.simulations}
+        print(strict_json(_nulls(out), CLI, indent=2))
+    else:
+        print(report.markdown(df, result, args.csvs).replace(report.BEGIN, "").replace(report.END, "").strip())
+    return 0

@@ -1,0 +1,197 @@
+"""`zerosim fit`: fit the physical clock parameters (sim.studies.fit_params) to published
+step times, with k-fold cross-validation.
+
+Objective: the residual of a row is log(predicted / measured) step time, the predicted one
+from the DES (representative mode, one step) on the row's scenario with the parameters set.
+scipy's bounded trust-region least squares (`least_squares`, method 'trf') minimises a
+robust soft-L1 loss of the residuals (`F_SCALE`: errors beyond about 15% count linearly,
+so a row that the scenario format cannot express well does not drag every parameter).
+The Jacobian is taken by forward differences with the sparsity each row implies (a row
+depends only on its chip's, its cluster's and its engine's parameters), and every
+prediction is cached by the values of the parameters it depends on, so one Jacobian costs
+about as many simulations per row as the row has parameters.
+
+Cross-validation (`folds` > 1): rows sorted by id are dealt into folds round-robin; each
+fold is predicted by parameters fitted on the other folds only, from the catalog's start
+values. The report gives both: in-sample (fit on all rows) and cross-validated errors.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import least_squares
+from scipy.sparse import lil_matrix
+
+from sim.des.engine import EventEngine, Mode
+from sim.engines.plan import check_work, layout_of, plan
+from sim.engines.schedule import Schedule
+from sim.inputs.scenario import Scenario
+from sim.studies.fit_params import Param, applied, parameters, start_values
+
+F_SCALE = 0.15        # soft-L1 knee on log error (about 15%)
+DIFF_STEP = 0.02      # forward-difference step, relative to each parameter's range
+MAX_ITERATIONS = 4    # trust-region iterations (each takes one sparse Jacobian)
+
+
+@dataclass(frozen=True)
+class FitRow:
+    """One published measurement with the scenario that expresses it."""
+
+    id: str
+    scenario: Scenario
+    measured_s: float
+    group: str = ""          # engine / source label for the report
+
+
+@dataclass
+class FitResult:
+    params: list[Param]
+    start: list[float]
+    values: list[float]
+    predicted: dict[str, float]                    # in-sample, by row id
+    cross_validated: dict[str, float] = field(default_factory=dict)
+    fold_values: list[list[float]] = field(default_factory=list)
+    simulations: int = 0
+
+
+_ROWS: list[FitRow] = []             # set before the worker pool forks
+_PLANS: dict[int, Schedule | None] = {}  # each row's schedule: the fitted parameters never change it
+
+
+def _simulate(job: tuple[int, tuple[Param, ...], tuple[float, ...]]) -> float:
+    """One row's step time under the parameter values (its planned schedule reused: the
+    clock parameters change op durations, never the ops)."""
+    i, params, values = job
+    s = applied(_ROWS[i].scenario, params, values)
+    schedule = _PLANS.get(i)
+    if schedule is None:
+        return math.nan
+    try:
+        engine = EventEngine(s, schedule, layout_of(s), Mode.REPRESENTATIVE)
+        engine.run(1)
+    except Exception:          # a row that cannot be simulated is reported as nan, never a crash
+        return math.nan
+    start, end = engine.step_bounds[-1]
+    return end - start
+
+
+def _plan(s: Scenario) -> Schedule | None:
+    try:
+        check_work(s, steps=1, full=False)
+        return plan(s)
+    except Exception:
+        return None
+
+
+class Evaluator:
+    """Step times of rows under parameter values, cached, computed `jobs` at a time."""
+
+    def __init__(self, rows: Sequence[FitRow], params: Sequence[Param], jobs: int,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.rows, self.params, self.jobs = list(rows), list(params), jobs
+        self.deps = [tuple(j for j, p in enumerate(params) if p.applies(r.scenario)) for r in rows]
+        self.cache: dict[tuple[int, tuple[float, ...]], float] = {}
+        self.progress = progress
+        self.simulations = 0
+        self._pool: mp.pool.Pool | None = None
+
+    def __enter__(self) -> Evaluator:
+        global _ROWS
+        _ROWS = self.rows
+        _PLANS.clear()
+        _PLANS.update((i, _plan(r.scenario)) for i, r in enumerate(self.rows))
+        if self.jobs > 1:
+            self._pool = mp.get_context("fork").Pool(self.jobs)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+
+    def _key(self, i: int, x: Sequence[float]) -> tuple[int, tuple[float, ...]]:
+        return i, tuple(round(float(x[j]), 12) for j in self.deps[i])
+
+    def predict(self, idx: Sequence[int], x: Sequence[float]) -> np.ndarray:
+        keys = [self._key(i, x) for i in idx]
+        todo = sorted({k for k in keys if k not in self.cache})
+        jobs = [(i, tuple(self.params[j] for j in self.deps[i]), vals) for i, vals in todo]
+        times = self._pool.map(_simulate, jobs, chunksize=1) if self._pool else [_simulate(j) for j in jobs]
+        self.cache.update(zip(todo, times, strict=True))
+        self.simulations += len(jobs)
+        if self.progress and jobs:
+            self.progress(f"{len(jobs)} simulations ({self.simulations} in all)")
+        return np.array([self.cache[k] for k in keys])
+
+
+def residuals(ev: Evaluator, idx: Sequence[int], x: Sequence[float]) -> np.ndarray:
+    """log(predicted / measured) per row; a row that failed counts as a large miss (log 2)."""
+    pred = ev.predict(idx, x)
+    meas = np.array([ev.rows[i].measured_s for i in idx])
+    r = np.log(pred / meas)
+    return np.where(np.isfinite(r), r, math.log(2.0))
+
+
+def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations: int = MAX_ITERATIONS) -> list[float]:
+    """Bounded robust least squares on the rows `idx`, from `x0`; parameters that none of
+    these rows depends on stay at `x0`."""
+    free = [j for j in range(len(ev.params)) if any(j in ev.deps[i] for i in idx)]
+    if not free:
+        return list(x0)
+    lo = np.array([ev.params[j].low for j in free])
+    hi = np.array([ev.params[j].high for j in free])
+    span = hi - lo
+
+    def full(u: np.ndarray) -> list[float]:      # u: free parameters scaled to [0, 1]
+        x = list(x0)
+        for n, j in enumerate(free):
+            x[j] = float(lo[n] + u[n] * span[n])
+        return x
+
+    sparsity = lil_matrix((len(idx), len(free)), dtype=int)
+    for r, i in enumerate(idx):
+        for n, j in enumerate(free):
+            if j in ev.deps[i]:
+                sparsity[r, n] = 1
+    u0 = np.clip((np.array([x0[j] for j in free]) - lo) / span, 0.0, 1.0)
+    # least_squares steps by diff_step x max(1, |u|): u lies in [0, 1], so the step is DIFF_STEP of the range
+    out = least_squares(lambda u: residuals(ev, idx, full(u)), u0, bounds=(0.0, 1.0), method="trf",
+                        loss="soft_l1", f_scale=F_SCALE, jac="2-point", jac_sparsity=sparsity,
+                        diff_step=DIFF_STEP, x_scale="jac", max_nfev=iterations + 1, xtol=1e-3, ftol=1e-4)
+    return full(out.x)
+
+
+def folds_of(rows: Sequence[FitRow], k: int) -> list[list[int]]:
+    """Row indices dealt into k folds round-robin in id order (deterministic)."""
+    order = sorted(range(len(rows)), key=lambda i: rows[i].id)
+    return [order[f::k] for f in range(k)]
+
+
+def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence[str] = (),
+        iterations: int = MAX_ITERATIONS, progress: Callable[[str], None] | None = None) -> FitResult:
+    """Fit on all rows (in-sample) and, with `folds` > 1, on each k-1 folds (cross-validated)."""
+    params = parameters([r.scenario for r in rows], only)
+    x0 = start_values(params, [r.scenario for r in rows])
+    with Evaluator(rows, params, jobs, progress) as ev:
+        everything = [i for i in range(len(rows)) if _PLANS[i] is not None]   # the rest: not simulated
+        if progress:
+            progress(f"fitting {len(params)} parameters to {len(rows)} rows")
+        values = fit_rows(ev, everything, x0, iterations)
+        predicted = dict(zip((rows[i].id for i in everything), ev.predict(everything, values).tolist(), strict=True))
+        result = FitResult(params, x0, values, predicted)
+        if folds > 1:
+            for f, fold in enumerate(folds_of(rows, folds)):
+                test = [i for i in fold if i in everything]
+                if progress:
+                    progress(f"fold {f + 1} of {folds}: {len(test)} rows held out")
+                train = [i for i in everything if i not in test]
+                fold_x = fit_rows(ev, train, x0, iterations)
+                result.fold_values.append(fold_x)
+                for i, t in zip(test, ev.predict(test, fold_x).tolist(), strict=True):
+                    result.cross_validated[rows[i].id] = t
+        result.simulations = ev.simulations
+    return result

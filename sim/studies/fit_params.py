@@ -1,0 +1,226 @@
+"""The free parameters `zerosim fit` may move: physical properties of a GPU chip, of a
+cluster's network, or of the host software, each one key of a hardware file.
+
+Rules (issue 9, design.md "calibrated constants"): one value per hardware property, never
+per row; every parameter has bounds that keep it physical (the sources in the comments); a
+parameter is fitted only when some row of the fit depends on it. A GPU parameter is shared
+by the files of the same chip (A100 40 GB and 80 GB have the same SMs and kernels); host
+software costs (kernel launch, ZeRO-3 and FSDP2 hook pairs) are one value for every
+cluster file, because they are the framework's CPU path, not the node's wiring.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from sim.core.enums import AttentionImpl, Engine
+from sim.core.specs import ClusterSpec, GpuSpec
+from sim.inputs.scenario import Scenario
+
+US = 1e-6
+
+
+def chip(gpu: GpuSpec) -> str:
+    """The silicon a GPU file describes: 'A100-SXM4-80GB' and 'A100-SXM4-40GB' -> 'A100'."""
+    return gpu.name.split("-")[0]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One fitted key. `scope` is a chip ('A100'), a cluster name ('DGX-A100-80GB') or
+    'host' (all clusters); `key` is the file key it writes (dotted inside a table)."""
+
+    scope: str
+    key: str
+    low: float
+    high: float
+    source: str           # why the bounds are physical
+
+    @property
+    def name(self) -> str:
+        return self.key if self.scope == "host" else f"{self.scope}.{self.key}"
+
+    def applies(self, s: Scenario) -> bool:
+        c = s.cluster
+        if self.scope == "host":
+            uses = {"host.zero3_hook_us": s.engine is Engine.DEEPSPEED and s.zero is not None and s.zero.stage == 3,
+                    "host.fsdp2_hook_us": s.engine is Engine.FSDP2}
+            return uses.get(self.key, True)
+        if self.key.startswith("inter_node."):
+            return c.name == self.scope and s.nodes > 1
+        if self.key == "attention_efficiency" and s.compute.attention is not AttentionImpl.FLASH:
+            return False
+        return chip(c.node.gpu) == self.scope
+
+    def value(self, c: ClusterSpec) -> float:
+        return GETTERS[self.key](c)
+
+    def with_value(self, c: ClusterSpec, v: float) -> ClusterSpec:
+        return SETTERS[self.key](c, v)
+
+
+def _gpu(c: ClusterSpec, **kw: Any) -> ClusterSpec:
+    return replace(c, node=replace(c.node, gpu=replace(c.node.gpu, **kw)))
+
+
+def _host(c: ClusterSpec, **kw: Any) -> ClusterSpec:
+    return replace(c, node=replace(c.node, host=replace(c.node.host, **kw)))
+
+
+def _attention(c: ClusterSpec, v: float) -> ClusterSpec:
+    """Forward and backward attention move together: the backward keeps its ratio to the
+    forward (FlashAttention-2 README: the backward runs at a fixed fraction of the forward)."""
+    g = c.node.gpu
+    ratio = g.attention_backward_efficiency / g.attention_efficiency if g.attention_efficiency else 1.0
+    return _gpu(c, attention_efficiency=v, attention_backward_efficiency=min(1.0, v * ratio))
+
+
+GETTERS: dict[str, Callable[[ClusterSpec], float]] = {
+    "matmul_efficiency": lambda c: c.node.gpu.matmul_efficiency,
+    "attention_efficiency": lambda c: c.node.gpu.attention_efficiency,
+    "memory_bandwidth_efficiency": lambda c: c.node.gpu.memory_bandwidth_efficiency,
+    "kernel_overhead_us": lambda c: c.node.gpu.kernel_overhead / US,
+    "comm_interference": lambda c: c.node.gpu.comm_interference,
+    "inter_node.efficiency": lambda c: c.inter_node.efficiency,
+    "host.launch_us": lambda c: c.node.host.launch / US,
+    "host.zero3_hook_us": lambda c: c.node.host.zero3_hook / US,
+    "host.fsdp2_hook_us": lambda c: c.node.host.fsdp2_hook / US,
+}
+SETTERS: dict[str, Callable[[ClusterSpec, float], ClusterSpec]] = {
+    "matmul_efficiency": lambda c, v: _gpu(c, matmul_efficiency=v),
+    "attention_efficiency": _attention,
+    "memory_bandwidth_efficiency": lambda c, v: _gpu(c, memory_bandwidth_efficiency=v),
+    "kernel_overhead_us": lambda c, v: _gpu(c, kernel_overhead=v * US),
+    "comm_interference": lambda c, v: _gpu(c, comm_interference=v),
+    "inter_node.efficiency": lambda c, v: replace(c, inter_node=replace(c.inter_node, efficiency=v)),
+    "host.launch_us": lambda c, v: _host(c, launch=v * US),
+    "host.zero3_hook_us": lambda c, v: _host(c, zero3_hook=v * US),
+    "host.fsdp2_hook_us": lambda c, v: _host(c, fsdp2_hook=v * US),
+}
+
+# Bounds: what a physical device or framework can do, with the source of each range.
+GPU_BOUNDS = {
+    "matmul_efficiency": (0.55, 0.95, "best-shape GEMM 0.6-0.93 of peak across V100-H100 (MAMF tables, "
+                                      "stas00/ml-engineering; XLA matmul tables)"),
+    "attention_efficiency": (0.2, 0.75, "FlashAttention-2/3 fwd 0.3-0.75 of peak (FA2 README, FA3 paper)"),
+    "memory_bandwidth_efficiency": (0.6, 0.95, "HBM streaming 0.8-0.92 of spec (reference 4.3); lower for "
+                                               "unfused PyTorch elementwise chains"),
+    "kernel_overhead_us": (0.5, 15.0, "device gap between dependent kernels 1-10 us (Nsight traces, HTA docs)"),
+    "comm_interference": (0.0, 0.4, "compute slowdown beside NCCL: 18.9% mean, 40% max (arXiv 2507.03114)"),
+}
+CLUSTER_BOUNDS = {
+    "inter_node.efficiency": (0.7, 0.98, "nccl-tests inter-node busbw: 0.75-0.86 of HDR line rate at 2-16 nodes, "
+                                         "0.976 on EDR (NVIDIA/nccl-tests#29, #175)"),
+}
+HOST_BOUNDS = {
+    "host.launch_us": (2.0, 30.0, "PyTorch dispatch + cudaLaunchKernel 5-20 us (HTA docs)"),
+    "host.zero3_hook_us": (20.0, 2000.0, "DeepSpeed ZeRO-3 hook pair: 0.1-2 ms (DeepSpeed#1069, #3622)"),
+    "host.fsdp2_hook_us": (20.0, 2000.0, "FSDP2 hook pair: ~1 ms pre-forward (pytorch#173680)"),
+}
+
+
+def parameters(scenarios: Iterable[Scenario], only: Sequence[str] = ()) -> list[Param]:
+    """Every parameter some scenario depends on (`only`: keep those whose key or name is
+    listed), in a fixed order: GPU chips, then clusters, then host."""
+    scenarios = list(scenarios)
+    found: list[Param] = []
+    for key, (lo, hi, src) in GPU_BOUNDS.items():
+        for scope in sorted({chip(s.cluster.node.gpu) for s in scenarios if s.cluster.node.gpu.sm_count}):
+            found.append(Param(scope, key, lo, hi, src))
+    for key, (lo, hi, src) in CLUSTER_BOUNDS.items():
+        for scope in sorted({s.cluster.name for s in scenarios}):
+            found.append(Param(scope, key, lo, hi, src))
+    for key, (lo, hi, src) in HOST_BOUNDS.items():
+        found.append(Param("host", key, lo, hi, src))
+    used = [p for p in found if any(p.applies(s) for s in scenarios)]
+    if only:
+        used = [p for p in used if p.key in only or p.name in only]
+    return used
+
+
+def applied(s: Scenario, params: Sequence[Param], values: Sequence[float]) -> Scenario:
+    """`s` on its cluster with the parameters that apply to it set to `values`."""
+    c = s.cluster
+    for p, v in zip(params, values, strict=True):
+        if p.applies(s):
+            c = p.with_value(c, v)
+    return replace(s, cluster=c)
+
+
+def start_values(params: Sequence[Param], scenarios: Sequence[Scenario]) -> list[float]:
+    """The catalog's value of each parameter (the first scenario it applies to), clipped
+    into its bounds."""
+    out = []
+    for p in params:
+        s = next(s for s in scenarios if p.applies(s))
+        out.append(min(p.high, max(p.low, p.value(s.cluster))))
+    return out
+
+
+# -- writing fitted values into hardware files -------------------------------------------------
+def rewrite_toml(text: str, key: str, value: float, comment: str) -> str:
+    """Replace `key = ...` (dotted: inside its [table]) keeping the layout; the old comment
+    is replaced by `comment`. A key the file lacks is added to its table."""
+    table, _, name = key.rpartition(".")
+    lines = text.splitlines()
+    current, insert_at = "", None
+    for i, line in enumerate(lines):
+        head = re.match(r"\s*\[([^\]]+)\]", line)
+        if head:
+            if current == table and insert_at is None:
+                insert_at = i
+            current = head.group(1).strip()
+            continue
+        old = re.match(rf"\s*{re.escape(name)}\s*=\s*([^#]*?)\s*(?:#\s*(.*))?$", line)
+        if current == table and old:
+            prior = old.group(2) or ""
+            if "prior " in prior and prior.startswith("zerosim fit"):
+                prior = prior[prior.index("prior "):]              # refitted: keep the first prior only
+            else:
+                prior = f"prior {old.group(1)}" + (f": {prior}" if prior else "")
+            lines[i] = f"{name} = {value:.4g}  # {comment}; {prior}"
+            return "\n".join(lines) + "\n"
+    new = f"{name} = {value:.4g}  # {comment}"
+    if current == table and insert_at is None:
+        lines.append(new)
+    elif insert_at is not None:
+        lines.insert(insert_at, new)
+    else:
+        raise KeyError(f"no [{table}] table for {key}")
+    return "\n".join(lines) + "\n"
+
+
+def write_files(params: Sequence[Param], values: Sequence[float], catalog: Path, out: Path,
+                comment: Callable[[Param], str]) -> list[Path]:
+    """Copy the catalog hardware files into `out` with the fitted values (only files some
+    parameter touches); returns the files written."""
+    from sim.inputs.hardware import load_cluster, load_gpu
+    texts: dict[Path, str] = {}
+    for path in sorted(catalog.glob("*.toml")):
+        cluster = load_cluster(path)
+        for p, v in zip(params, values, strict=True):
+            if p.scope == "host" and cluster.node.gpu.sm_count:
+                texts[path] = rewrite_toml(texts.get(path, path.read_text()), p.key, v, comment(p))
+            elif p.key.startswith("inter_node.") and cluster.name == p.scope:
+                texts[path] = rewrite_toml(texts.get(path, path.read_text()), p.key, v, comment(p))
+    for path in sorted((catalog / "gpus").glob("*.toml")):
+        gpu = load_gpu(path)
+        for p, v in zip(params, values, strict=True):
+            if p.key in GPU_BOUNDS and chip(gpu) == p.scope:
+                text = texts.get(path, path.read_text())
+                if p.key == "attention_efficiency" and gpu.attention_efficiency:
+                    ratio = gpu.attention_backward_efficiency / gpu.attention_efficiency
+                    text = rewrite_toml(text, "attention_backward_efficiency", min(1.0, v * ratio),
+                                        comment(p) + " (backward/forward ratio kept)")
+                texts[path] = rewrite_toml(text, p.key, v, comment(p))
+    written = []
+    for path, text in texts.items():
+        target = out / path.relative_to(catalog)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        written.append(target)
+    return written

@@ -1,0 +1,102 @@
+"""`zerosim fit` (sim.studies.fit): recovers known physical parameters from step times the
+DES produced with them, keeps parameters in bounds, cross-validates by folds, writes
+hardware files that load, and refuses bad options."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from sim.cli import main
+from sim.inputs.catalog import catalog_dir
+from sim.inputs.hardware import load_cluster, load_gpu
+from sim.simulate import simulate
+from sim.studies.fit import FitRow, fit, folds_of
+from sim.studies.fit_params import applied, parameters, rewrite_toml
+from tests.crosscheck.scenarios import tiny
+
+
+def rows_made_with(values: dict[str, float]) -> list[FitRow]:
+    """Tiny scenarios of several shapes whose 'published' step time is the DES's own under
+    `values` (parameter name -> value)."""
+    out = []
+    for n, (strategy, seq, mb) in enumerate((("ddp", 512, 2), ("ddp", 2048, 4), ("ds-zero3", 1024, 1),
+                                             ("ds-zero3", 256, 2), ("ddp", 128, 8), ("ds-zero3", 2048, 2))):
+        s = tiny(strategy, seq_len=seq, micro_batch=mb)
+        params = [p for p in parameters([s]) if p.name in values]
+        truth = applied(s, params, [values[p.name] for p in params])
+        out.append(FitRow(f"R{n}", s, simulate(truth).step_time_s))
+    return out
+
+
+TRUTH = {"A100.matmul_efficiency": 0.65, "host.zero3_hook_us": 900.0}
+
+
+def test_fit_recovers_the_parameters_that_made_the_step_times():
+    rows = rows_made_with(TRUTH)
+    result = fit(rows, folds=0, jobs=1, only=("matmul_efficiency", "host.zero3_hook_us"))
+    got = dict(zip((p.name for p in result.params), result.values, strict=True))
+    assert got["A100.matmul_efficiency"] == pytest.approx(0.65, rel=0.03)
+    assert got["host.zero3_hook_us"] == pytest.approx(900.0, rel=0.15)
+    for r in rows:
+        assert result.predicted[r.id] == pytest.approx(r.measured_s, rel=0.02)
+
+
+def test_fit_stays_inside_the_bounds():
+    rows = [replace(r, measured_s=r.measured_s * 3.0) for r in rows_made_with({})]   # no physical answer
+    result = fit(rows, folds=0, jobs=1, only=("matmul_efficiency",))
+    (p,), (v,) = result.params, result.values
+    assert p.low <= v <= p.high
+    assert v == pytest.approx(p.low, abs=0.02)
+
+
+def test_cross_validation_predicts_each_row_from_the_other_folds():
+    rows = rows_made_with({"A100.matmul_efficiency": 0.7})
+    result = fit(rows, folds=3, jobs=1, only=("matmul_efficiency",))
+    assert sorted(result.cross_validated) == sorted(r.id for r in rows)
+    assert len(result.fold_values) == 3
+    folds = folds_of(rows, 3)
+    assert sorted(i for f in folds for i in f) == list(range(len(rows)))
+    for r in rows:
+        assert math.isfinite(result.cross_validated[r.id])
+        assert result.cross_validated[r.id] == pytest.approx(r.measured_s, rel=0.05)
+
+
+def test_rewrite_toml_keeps_the_prior_and_the_table():
+    text = "[inter_node]\nefficiency = 0.86  # nccl-tests\n\n[host]\nlaunch_us = 5.0  # HTA\n"
+    out = rewrite_toml(text, "host.launch_us", 7.25, "zerosim fit")
+    assert "launch_us = 7.25  # zerosim fit; prior 5.0: HTA" in out
+    assert "efficiency = 0.86  # nccl-tests" in out
+    again = rewrite_toml(out, "host.launch_us", 8.0, "zerosim fit")
+    assert again.count("prior") == 1 and "prior 5.0: HTA" in again
+
+
+def test_written_hardware_files_load(tmp_path):
+    from sim.studies.fit_params import write_files
+    s = tiny("ds-zero3")
+    params = parameters([s], ("matmul_efficiency", "host.zero3_hook_us", "comm_interference"))
+    chosen = {"A100.matmul_efficiency": 0.7, "host.zero3_hook_us": 800.0, "A100.comm_interference": 0.2}
+    written = write_files(params, [chosen[p.name] for p in params], catalog_dir("hardware"), tmp_path,
+                          lambda p: "test fit")
+    names = {p.relative_to(tmp_path).as_posix() for p in written}
+    assert "gpus/a100-sxm4-80g.toml" in names and "dgx-a100-80g.toml" in names
+    assert load_gpu(tmp_path / "gpus" / "a100-sxm4-80g.toml").matmul_efficiency == pytest.approx(0.7)
+    assert load_gpu(tmp_path / "gpus" / "a100-sxm4-80g.toml").comm_interference == pytest.approx(0.2)
+    host = load_cluster(tmp_path / "dgx-a100-80g.toml").node.host
+    assert host.zero3_hook == pytest.approx(800e-6)
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["fit", "missing.csv"], "missing.csv"),
+    (["fit", "x.csv", "--folds", "0"], "--folds"),
+    (["fit", "x.csv", "--params", "warp_drive"], "--params"),
+    (["fit", "x.csv", "--write-hardware", "no/such/folder"], "--write-hardware"),
+])
+def test_bad_fit_options_exit_2_naming_the_key(argv, key, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.csv").write_text("id,metric,value\n")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zerosim: error:") and key in err and "\n" == err[-1] and err.count("\n") == 1
