@@ -21,7 +21,7 @@ from sim.analytic import opcost
 from sim.analytic.kernel_time import kernel_time as kernel_seconds
 from sim.core.perf import paused_gc
 from sim.des.class_plan import ClassPlan
-from sim.des.host import HostClock, HostPlan
+from sim.des.host import HostClock, HostPlan, fold_synchronous
 from sim.des.memory_pool import MemoryPool
 from sim.des.network import FlowNetwork
 from sim.des.transfers import Transfer, collective_transfers, copy_transfers, exclusive_times, send_transfers
@@ -167,6 +167,10 @@ class EventEngine:
                               fuse=self.shortcuts and not self.serial,
                               link_times=self._exclusive_times(k, cls) if self.shortcuts else {})
                  for k, cls in enumerate(self.schedule.classes)]
+        host = self.scenario.cluster.host
+        if self.host and host.synchronous and not self.serial:     # a CPU process: host work is inline
+            for k, cls in enumerate(self.schedule.classes):
+                fold_synchronous(cls.ops(), plans[k].duration, host, self.scenario.engine)
         with paused_gc():
             self._run_steps(steps, plans)
 
@@ -181,7 +185,8 @@ class EventEngine:
                 done = {op_id: self.env.event() for op_id in plan.awaited}
                 ends: dict[int, float] = {}
                 host = self._hosts[self.layout.class_of(r)]
-                clock = HostClock(host, start, ends) if self.host and host.busy and not self.serial else None
+                issues_ahead = self.host and host.busy and not self.serial and not self.scenario.cluster.host.synchronous
+                clock = HostClock(host, start, ends) if issues_ahead else None
                 lanes = [sorted(cls.ops(), key=lambda o: o.id)] if self.serial else list(cls.streams.values())
                 for ops in lanes:
                     procs.append(self.env.process(self._stream(r, step, ops, plan, done, ends, clock)))

@@ -13,6 +13,11 @@ waits for that op to end. So the issue time of op i is
 where s is the last op at or before i at which the host synchronised. When the host is
 slower than the device (many small kernels, ZeRO-3's per-module hooks) the device waits
 for it: the step is host-bound, and the wait is attributed as exposed host time.
+
+A synchronous host (`[host] synchronous`: a CPU process of the gloo validation runs, whose
+'device' is the thread that issues the work) runs nothing ahead: each op's host cost is
+paid on the compute stream before the next compute op in issue order (`fold_synchronous`),
+as the Python hooks of FSDP2 and DeepSpeed run inline between the modules' kernels there.
 """
 
 from __future__ import annotations
@@ -25,13 +30,27 @@ from operator import attrgetter
 from sim.analytic.kernels import Kernel
 from sim.core.enums import Engine
 from sim.core.specs import HostSpec
-from sim.engines.schedule import AnyOp, Collective, Compute, CpuStep, Send
+from sim.engines.schedule import AnyOp, Collective, Compute, CpuStep, GpuOptimizer, Send, Stream
 
 
 def host_cost(op: AnyOp, host: HostSpec, engine: Engine) -> float:
     """Seconds of host CPU to issue `op`."""
     return hook_cost(op, host, engine) + launches(op) * (
         host.collective_launch if isinstance(op, Collective | Send) else host.launch)
+
+
+def fold_synchronous(ops: Iterable[AnyOp], duration: dict[int, float | None], host: HostSpec,
+                     engine: Engine) -> None:
+    """Add each op's host cost to the duration of the next compute-stream op that has one
+    (Compute or GpuOptimizer), in issue order; what follows the last goes to the last."""
+    pending, last = 0.0, None
+    for op in sorted(ops, key=attrgetter("id")):
+        pending += host_cost(op, host, engine)
+        seconds = duration.get(op.id)
+        if op.stream is Stream.COMPUTE and isinstance(op, Compute | GpuOptimizer) and seconds is not None:
+            duration[op.id], pending, last = seconds + pending, 0.0, op.id
+    if pending and last is not None:
+        duration[last] = (duration[last] or 0.0) + pending
 
 
 def hook_cost(op: AnyOp, host: HostSpec, engine: Engine) -> float:

@@ -16,8 +16,10 @@ uses nccl-tests).
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.util
 import math
 import platform
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +54,13 @@ def fit_alpha_beta(samples: list[tuple[int, int, float]], op: str,
 
 
 def write_profile(out_dir: Path, fits: dict[str, tuple[float, float]], compute: dict[str, float],
-                  gpus_per_node: int) -> Path:
+                  gpus_per_node: int, hooks: dict[str, float] | None = None) -> Path:
     """Write calibrated GPU and cluster TOML files for `gpus_per_node` processes sharing the
-    machine (contention differs with their number); return the cluster file's path."""
+    machine (contention differs with their number); return the cluster file's path.
+    `hooks`: measured seconds per hook call, by engine ('fsdp2', 'deepspeed'); the host is
+    synchronous (a CPU process issues and runs its own work), its launch costs are in the
+    measured kernel overhead and collective alphas."""
+    hooks = hooks or {}
     suffix = f"-w{gpus_per_node}"
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = f"zerosim calibrate on {platform.node()} ({platform.machine()}), torch {torch.__version__}, " \
@@ -63,13 +69,14 @@ def write_profile(out_dir: Path, fits: dict[str, tuple[float, float]], compute: 
     (out_dir / f"cpu-process-calibrated{suffix}.toml").write_text(f"""# One gloo process of this machine, measured: {stamp}
 name = "CPU-process (calibrated)"
 memory_GiB = 6                      # placeholder: not measured
-memory_bandwidth_GBps = {compute['memory_bandwidth'] / 1e9:.6g}  # measured: a 64 MiB add, all processes at once
+memory_bandwidth_GBps = {compute.get('elementwise_bandwidth', compute['memory_bandwidth']) / 1e9:.6g}  # measured: elementwise multiplies on the model's activation sizes, all processes at once
 bf16_TFLOPS = {gflops:.6g}   # measured fp32 GEMM throughput (CPU bf16 not measured)
 fp16_TFLOPS = {gflops:.6g}   # measured fp32 GEMM throughput (CPU fp16 not measured)
 fp32_TFLOPS = {gflops:.6g}   # measured: the model's GEMM shapes, all processes at once
 matmul_efficiency = 1.0             # the measured rate is the achieved rate
 memory_bandwidth_efficiency = 1.0   # the measured rate is the achieved rate
 kernel_overhead_us = {compute['kernel_overhead'] * 1e6:.6g}   # measured: an 8x8 matmul, dispatch included
+comm_interference = {compute.get('comm_interference', 0.0):.4g}   # measured: GEMM rate beside an async 64 MiB all-reduce
 """)
     lines = [f"# This machine as a cluster of gloo processes, measured: {stamp}",
              f'name = "local-cpu (calibrated, {gpus_per_node} processes)"',
@@ -87,7 +94,13 @@ kernel_overhead_us = {compute['kernel_overhead'] * 1e6:.6g}   # measured: an 8x8
              "pcie_efficiency = 1.0  # measured rate", "pcie_latency_us = 1  # placeholder",
              f"gpus_per_pcie_switch = {gpus_per_node}  # all processes share the memory system",
              "cpu_adam_params_per_s = 2.0e8  # placeholder: not measured",
-             "", "[calibration]  # least-squares fits of the measured collectives"]
+             "synchronous = true       # a CPU process runs the work it issues: host costs are inline",
+             "launch_us = 0            # dispatch is in the GPU file's measured kernel_overhead_us",
+             "collective_launch_us = 0  # the call is in the [calibration] alphas"]
+    for engine, key in (("fsdp2", "fsdp2_hook_us"), ("deepspeed", "zero3_hook_us")):
+        if engine in hooks:
+            lines.append(f"{key} = {hooks[engine] * 1e6:.6g}  # measured: sim.validate.measure_hooks, all processes at once")
+    lines += ["", "[calibration]  # least-squares fits of the measured collectives"]
     for op, (alpha, busbw) in sorted(fits.items()):
         lines += [f"{op}_alpha_us = {alpha * 1e6:.6g}  # measured", f"{op}_busbw_GBps = {busbw / 1e9:.6g}  # measured"]
     path = out_dir / f"local-cpu-calibrated{suffix}.toml"
@@ -95,25 +108,48 @@ kernel_overhead_us = {compute['kernel_overhead'] * 1e6:.6g}   # measured: an 8x8
     return path
 
 
+def hook_engines() -> tuple[str, ...]:
+    """The frameworks whose per-module hooks calibrate measures: FSDP2, and DeepSpeed's
+    ZeRO-3 when deepspeed is installed."""
+    return ("fsdp2", "deepspeed") if importlib.util.find_spec("deepspeed") else ("fsdp2",)
+
+
 def gemm_shapes(model: dict[str, Any], tokens: int) -> list[tuple[int, int, int]]:
-    """The (tokens, in, out) GEMMs of a llama-like model's forward."""
+    """The (m, k, n) GEMMs of a llama-like model's Linears in a training step: the forward
+    (tokens, in) x (in, out), the input gradient (tokens, out) x (out, in) and the weight
+    gradient (in, tokens) x (tokens, out) of each."""
     h, f, v = model["hidden"], model["ffn_hidden"], model["vocab"]
     kv = h // model["heads"] * model["kv_heads"]
-    return [(tokens, h, h), (tokens, h, kv), (tokens, h, f), (tokens, f, h), (tokens, h, v)]
+    out = []
+    for i, o in ((h, h), (h, kv), (h, f), (f, h), (h, v)):
+        out += [(tokens, i, o), (tokens, o, i), (i, tokens, o)]
+    return out
+
+
+def activation_elements(model: dict[str, Any], tokens: int) -> list[int]:
+    """The sizes of the activations the model's elementwise kernels read and write:
+    hidden-wide (norms, residual adds, rotary) and FFN-wide (the gated activation)."""
+    return [tokens * model["hidden"], tokens * model["ffn_hidden"]]
 
 
 def calibrate(out_dir: Path, *, worlds: tuple[int, ...] = (2, 4), sizes: tuple[int, ...] = SIZES,
-              model: dict[str, Any], tokens: int) -> dict[int, dict[str, Any]]:
+              model: dict[str, Any], tokens: int, hooks: tuple[str, ...] | None = None) -> dict[int, dict[str, Any]]:
     """Measure, fit and write one profile per number of processes; return, per world, the
-    profile's path and the raw numbers."""
+    profile's path and the raw numbers. `hooks`: the engines whose hook cost to measure
+    (default: hook_engines())."""
+    engines = hook_engines() if hooks is None else hooks
     out = {}
     for world in worlds:
         times = spawn(world, "measure_collectives", {"sizes": list(sizes)})[0]["times"]
         samples: dict[str, list[tuple[int, int, float]]] = {op: [] for op in OPS}
         for (op, size), t in times.items():
             samples[op].append((world, size, t))
-        compute = spawn(world, "measure_compute", {"gemm_shapes": gemm_shapes(model, tokens)})[0]
+        ranks = spawn(world, "measure_compute", {"gemm_shapes": gemm_shapes(model, tokens),
+                                                 "activation_elements": activation_elements(model, tokens),
+                                                 "hook_engines": list(engines)})
+        compute = ranks[0]
+        hook_s = {engine: statistics.median(r["hooks"][engine] for r in ranks) for engine in engines}
         fits = {op: fit_alpha_beta(s, op, max_busbw=compute["memory_bandwidth"]) for op, s in samples.items()}
-        out[world] = {"path": write_profile(out_dir, fits, compute, world), "samples": samples,
-                      "fits": fits, "compute": compute}
+        out[world] = {"path": write_profile(out_dir, fits, compute, world, hook_s), "samples": samples,
+                      "fits": fits, "compute": compute, "hooks": hook_s}
     return out

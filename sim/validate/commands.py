@@ -55,9 +55,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         results = calibrate(Path(args.out), worlds=tuple(args.worlds), sizes=sizes, model=TIMING_MODEL, tokens=tokens)
         for world, r in sorted(results.items()):
             c = r["compute"]
-            print(f"{world} processes: GEMM {c['gemm_flops'] / 1e9:.1f} GFLOP/s, memory "
-                  f"{c['memory_bandwidth'] / 1e9:.2f} GB/s, kernel overhead {c['kernel_overhead'] * 1e6:.1f} us "
-                  f"-> {r['path']}", file=out)
+            hooks = ", ".join(f"{e} hook {s * 1e6:.0f} us" for e, s in sorted(r["hooks"].items()))
+            print(f"{world} processes: GEMM {c['gemm_flops'] / 1e9:.1f} GFLOP/s, DRAM "
+                  f"{c['memory_bandwidth'] / 1e9:.2f} GB/s, elementwise {c['elementwise_bandwidth'] / 1e9:.2f} GB/s, "
+                  f"kernel overhead {c['kernel_overhead'] * 1e6:.1f} us, interference {c['comm_interference']:.2f}, "
+                  f"{hooks} -> {r['path']}", file=out)
             for op, (alpha, busbw) in sorted(r["fits"].items()):
                 print(f"  {op:15s} alpha {alpha * 1e6:9.1f} us/step   busbw {busbw / 1e9:8.3f} GB/s", file=out)
     return 0

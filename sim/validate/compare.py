@@ -24,12 +24,15 @@ def validation_scenario(strategy: str, model: dict[str, Any], world: int, *, seq
                         broadcast_buffers: bool = True) -> Scenario:
     """The scenario a validation run corresponds to (fp32, no clipping, local-cpu or a
     calibrated profile of this machine); `reshard_root` and `broadcast_buffers` as the
-    run's FSDP2 root and DDP were configured."""
+    run's FSDP2 root and DDP were configured. Kernels are `hf`: the runs' models
+    (sim.validate.torch_models.LlamaLike and transformers' LlamaForCausalLM) are eager
+    PyTorch with RMSNorm as Python arithmetic and rotate_half rotary, as Hugging Face's."""
     engine = "fsdp2" if strategy.startswith("fsdp2") else "deepspeed" if strategy.startswith("deepspeed") else strategy
     table: dict[str, Any] = {
         "model": model, "cluster": cluster, "nodes": 1, "gpus_per_node": world, "engine": engine,
         "training": {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum": grad_accum,
-                     "precision": "fp32", "gradient_clipping": 0.0}}
+                     "precision": "fp32", "gradient_clipping": 0.0},
+        "compute": {"kernels": "hf"}}
     if engine == "fsdp2":
         table["fsdp"] = {"reshard_after_forward": strategy != "fsdp2-no-reshard"}
         if reshard_root is not None:

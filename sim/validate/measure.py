@@ -22,15 +22,18 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
 
 
-def _timed(fn: Any, reps: int) -> float:
-    for _ in range(2):
-        fn()
+def timed_median(fn: Any, reps: int, after: Any = None, warmup: int = 2) -> float:
+    """Median seconds of fn() over `reps` calls after `warmup` untimed ones, every process
+    starting each call together; `after` runs untimed after each call (DeepSpeed's step)."""
     times = []
-    for _ in range(reps):
+    for i in range(warmup + reps):
         dist.barrier()
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+        if after is not None:
+            after()
     return statistics.median(times)
 
 
@@ -48,7 +51,7 @@ def measure_collectives(rank: int, world: int, cfg: dict[str, Any]) -> dict[str,
                  "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, gathered),
                  "broadcast": lambda: dist.broadcast(buf, src=0)}
         for op in OPS:
-            out[(op, size)] = _timed(calls[op], reps)
+            out[(op, size)] = timed_median(calls[op], reps)
     return {"times": out}
 
 
@@ -64,16 +67,53 @@ def _sustained(fn: Any, work: float, seconds: float = 0.6) -> float:
 
 
 def measure_compute(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
-    """GEMM FLOP/s on the given shapes, memory bytes/s, and the cost of a tiny kernel, with
-    every process busy at once (so the numbers include the contention of the real runs)."""
+    """GEMM FLOP/s on the given (m, k, n) shapes, DRAM bytes/s (a 64 MiB add), the bytes/s
+    of elementwise kernels on the model's activation sizes (`activation_elements`), the
+    cost of a tiny kernel and the slowdown of compute beside a collective, with every
+    process busy at once (so the numbers include the contention of the real runs).
+
+    The elementwise rate is what the model's memory-bound kernels see (eager PyTorch writes
+    a fresh output per op): the 64 MiB add measures DRAM streaming, the host's own rate."""
     gemms = [(torch.randn(t, i), torch.randn(i, o)) for t, i, o in cfg["gemm_shapes"]]
     flops = sum(2.0 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in gemms)
     gemm_rate = _sustained(lambda: [a @ b for a, b in gemms], flops)
     x, y = torch.randn(2**22), torch.randn(2**22)
     memory = _sustained(lambda: torch.add(x, y), 3 * 4 * 2**22)
+    pairs = [(torch.randn(n), torch.randn(n)) for n in cfg.get("activation_elements", [2**22])]
+    moved = sum(3 * 4 * a.numel() for a, _ in pairs)
+    elementwise = _sustained(lambda: [torch.mul(a, b) for a, b in pairs], moved)
     tiny = torch.randn(8, 8)
     overhead = 1.0 / _sustained(lambda: tiny @ tiny, 1.0, 0.2)
-    return {"gemm_flops": gemm_rate, "memory_bandwidth": memory, "kernel_overhead": overhead}
+    return {"gemm_flops": gemm_rate, "memory_bandwidth": memory, "elementwise_bandwidth": elementwise,
+            "kernel_overhead": overhead, "comm_interference": _interference(gemms[0], gemm_rate_of(gemms[0]))}
+
+
+def gemm_rate_of(pair: tuple[torch.Tensor, torch.Tensor]) -> float:
+    a, b = pair
+    return _sustained(lambda: a @ b, 2.0 * a.shape[0] * a.shape[1] * b.shape[1], 0.3)
+
+
+def _interference(pair: tuple[torch.Tensor, torch.Tensor], alone: float, nbytes: int = 2**26) -> float:
+    """How much a collective in flight slows compute (GpuSpec.comm_interference: a compute
+    op beside a collective takes that fraction of the overlapped time longer), from the
+    GEMM rate while a 64 MiB all-reduce runs asynchronously, 1 - rate_beside / rate_alone,
+    median of three: where gloo's threads share the cores with compute, as with 2-4
+    processes on 2 cores, the collective's copies and reductions take the cores' time."""
+    a, b = pair
+    flops = 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+    buf = torch.ones(nbytes // 4)
+    rates = []
+    for _ in range(3):
+        dist.barrier()
+        work = dist.all_reduce(buf, async_op=True)
+        done, start = 0, time.perf_counter()
+        while not work.is_completed():
+            _ = a @ b
+            done += 1
+        elapsed = time.perf_counter() - start
+        work.wait()
+        rates.append(done * flops / elapsed if done else 0.0)
+    return min(1.0, max(0.0, 1.0 - statistics.median(rates) / alone))
 
 
 def _synced(fn: Any, device: str, reps: int = 10) -> float:

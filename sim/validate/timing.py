@@ -35,7 +35,7 @@ def predicted_vs_measured(profile: Path, world: int, strategies: tuple[str, ...]
     strategies = strategies or default_strategies()
     rows = []
     for strategy in strategies:
-        config = {"model": TIMING_MODEL, "steps": steps, "strategy": strategy, **TIMING_RUN}
+        config = {"model": TIMING_MODEL, "steps": steps, "strategy": strategy, "record": False, **TIMING_RUN}
         if strategy.startswith("deepspeed"):
             config["zero"] = {"stage": int(strategy[-1])}
         ranks = spawn(world, "train_deepspeed" if strategy.startswith("deepspeed") else "train_llama", config)

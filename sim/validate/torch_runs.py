@@ -27,6 +27,7 @@ from torch.multiprocessing.spawn import ProcessException
 from sim.inputs.models import model_from_table
 from sim.validate.build_locks import check_build_locks, stale_build_locks
 from sim.validate.measure import measure_collectives, measure_compute
+from sim.validate.measure_hooks import measure_hooks
 from sim.validate.recorder import CollectiveRecorder, state_bytes
 from sim.validate.torch_models import LlamaLike, hf_llama, lecture_mlp
 
@@ -212,7 +213,9 @@ def _wrap(model: nn.Module, strategy: str, dtype: torch.dtype, *, broadcast_buff
 def train_llama(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """Train a LlamaLike model, or with cfg["hf"] Hugging Face's LlamaForCausalLM of the same
     sizes; record the collectives of every step by phase. Options: "broadcast_buffers"
-    (DDP, default True), "reshard_root" (FSDP2's root, default None: torch's default)."""
+    (DDP, default True), "reshard_root" (FSDP2's root, default None: torch's default),
+    "record" (default True; False for timing: the recorder is a TorchDispatchMode that sees
+    every aten op in Python, which costs the step several microseconds per op)."""
     spec = model_from_table(cfg["model"], "validation config", "model.")
     torch.manual_seed(0)
     net = hf_llama(spec, cfg["seq_len"]) if cfg.get("hf") else LlamaLike(spec)
@@ -221,7 +224,7 @@ def train_llama(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     recorder, steps = CollectiveRecorder(), []
     gen = torch.Generator().manual_seed(1000 + rank)
     accum = cfg["grad_accum"]
-    with recorder:
+    with recorder if cfg.get("record", True) else contextlib.nullcontext():
         for step in range(cfg["steps"]):
             start = time.perf_counter()
             for mb in range(accum):
@@ -276,6 +279,14 @@ def _deepspeed(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     return train_deepspeed(rank, world, cfg)
 
 
+def compute_and_hooks(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    """measure_compute, then the hook cost of each of cfg["hook_engines"] (sim.validate.measure_hooks)
+    in the same processes: one process group start fewer per calibration."""
+    out = measure_compute(rank, world, cfg)
+    out["hooks"] = {e: measure_hooks(rank, world, {"engine": e})["hook_s"] for e in cfg.get("hook_engines", ())}
+    return out
+
+
 def idle(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """Sleep cfg["seconds"], or raise cfg["raise"] (tests of the deadline and the retry rule)."""
     if cfg.get("raise"):
@@ -286,4 +297,4 @@ def idle(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 WORKERS = {"train_llama": train_llama, "train_llama_cases": train_llama_cases, "compare_mlp": compare_mlp, "train_deepspeed": _deepspeed,
-           "measure_collectives": measure_collectives, "measure_compute": measure_compute, "idle": idle}
+           "measure_collectives": measure_collectives, "measure_compute": compute_and_hooks, "idle": idle}

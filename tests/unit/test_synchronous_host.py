@@ -1,0 +1,54 @@
+"""A synchronous host (a CPU process of the gloo runs: `[host] synchronous`) pays its hook and
+launch costs inline on the compute stream, where a GPU's host hides them behind queued work."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sim.core.errors import InputError
+from sim.des.host import host_cost
+from sim.engines.plan import plan
+from sim.inputs.catalog import catalog_dir
+from sim.inputs.hardware import load_cluster
+from sim.simulate import simulate
+from tests.crosscheck.scenarios import tiny, without_interference
+
+HOOK = 2e-3
+
+
+def with_host(s, **host):
+    h = replace(s.cluster.node.host, **host)
+    return replace(s, cluster=replace(s.cluster, node=replace(s.cluster.node, host=h)))
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2", "ds-zero3"])
+def test_synchronous_hooks_add_to_the_step_and_queued_ones_hide(strategy):
+    base = with_host(without_interference(tiny(strategy)), launch=0.0, collective_launch=0.0,
+                     zero3_hook=0.0, fsdp2_hook=0.0)
+    hooked = with_host(base, zero3_hook=HOOK, fsdp2_hook=HOOK)
+    total = sum(host_cost(op, hooked.cluster.host, hooked.engine) for op in plan(hooked).ops(0))
+    assert total > 0
+    plain = simulate(base).step_time_s
+    queued = simulate(hooked).step_time_s
+    inline = simulate(with_host(hooked, synchronous=True)).step_time_s
+    # inline: every hook is on the compute stream's critical path (communication may still
+    # hide behind it, so the step grows by at least the compute-bound part of them)
+    assert inline >= plain + 0.9 * total
+    assert queued < inline
+
+
+def test_the_local_cpu_profile_is_synchronous_and_gpu_clusters_are_not():
+    assert load_cluster(catalog_dir("hardware") / "local-cpu.toml").node.host.synchronous
+    assert not load_cluster(catalog_dir("hardware") / "dgx-a100-80g.toml").node.host.synchronous
+
+
+def test_synchronous_must_be_a_boolean(tmp_path):
+    text = (catalog_dir("hardware") / "local-cpu.toml").read_text().replace("synchronous = true", 'synchronous = "yes"')
+    (tmp_path / "gpus").mkdir()
+    (tmp_path / "gpus" / "cpu-process.toml").write_text((catalog_dir("hardware") / "gpus" / "cpu-process.toml").read_text())
+    (tmp_path / "c.toml").write_text(text)
+    with pytest.raises(InputError) as e:
+        load_cluster(tmp_path / "c.toml")
+    assert "host.synchronous" in str(e.value) and "boolean" in str(e.value)
