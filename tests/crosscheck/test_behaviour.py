@@ -23,14 +23,17 @@ def zero3(**kw):
 
 
 def test_zero3_with_ample_bandwidth_approaches_compute_time():
-    r = simulate(zero3(comm={"busbw_GBps": {"dp": 1e6}}))
+    # the host is its own bound (ZeRO-3's per-module hooks); this is about the device
+    r = simulate(without_host(zero3(comm={"busbw_GBps": {"dp": 1e6}})))
     busy = r.breakdown.compute_s + r.breakdown.optimizer_s
     assert r.step_time_s == pytest.approx(busy, rel=0.005)
 
 
 def test_zero3_with_starved_bandwidth_approaches_communication_time():
     # All-gathers and reduce-scatters share each GPU's NIC, so the link's total work bounds the step.
-    r = simulate(without_host(zero3(comm={"busbw_GBps": {"dp": 0.5}})))
+    # 0.25 GB/s: the compute that cannot overlap (before the first all-gather lands, after the
+    # last reduce-scatter is issued) stays under 1% of the link's work with the fitted A100
+    r = simulate(without_host(zero3(comm={"busbw_GBps": {"dp": 0.25}})))
     comm = sum(op_cost(op, r.scenario, r.layout) for op in r.schedule.ops(0) if op.kind is Kind.COLLECTIVE)
     assert r.step_time_s >= comm * (1 - 1e-9)
     assert r.step_time_s == pytest.approx(comm, rel=0.01)
