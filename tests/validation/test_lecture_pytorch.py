@@ -16,9 +16,9 @@ PSI = 281_864
 
 @pytest.fixture(scope="module")
 def runs():
-    return {(s, f64): spawn(4, "compare_mlp", {"strategy": s, "steps": 5, "float64": f64})
-            for s, f64 in (("ddp", False), ("ddp-zero-redundancy", False), ("fsdp2", False),
-                           ("ddp", True), ("fsdp2", True))}
+    keys = (("ddp", False), ("ddp-zero-redundancy", False), ("fsdp2", False), ("ddp", True), ("fsdp2", True))
+    ranks = spawn(4, "compare_mlp_cases", {"cases": [{"strategy": s, "steps": 5, "float64": f64} for s, f64 in keys]})
+    return {key: [r["cases"][i] for r in ranks] for i, key in enumerate(keys)}
 
 
 def test_zero_redundancy_state_sums_to_one_full_adam_state(runs):
