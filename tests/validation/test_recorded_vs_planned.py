@@ -9,17 +9,32 @@ from sim.validate.compare import planned, planned_state, recorded, validation_sc
 from sim.validate.torch_runs import spawn
 
 MODEL = {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn_hidden": 384, "vocab": 2048}
-CASES = [(world, accum, strategy) for world, accum in ((2, 1), (4, 2))
-         for strategy in ("ddp", "ddp-zero-redundancy", "fsdp2", "fsdp2-no-reshard")]
+STRATEGIES = ("ddp", "ddp-zero-redundancy", "fsdp2", "fsdp2-no-reshard")
+RUNS = ((2, 1), (4, 2))     # (world, gradient accumulation)
+CASES = [(world, accum, strategy) for world, accum in RUNS for strategy in STRATEGIES]
 
 
-@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[2]}-world{c[0]}-accum{c[1]}")
-def case(request):
+@pytest.fixture(scope="module")
+def runs():
+    """Every strategy of a world in one process group (train_llama_cases), started once per
+    world when a test first asks for it: (world, accum) -> strategy -> the ranks' results."""
+    done: dict[tuple[int, int], dict[str, list]] = {}
+
+    def of(world: int, accum: int) -> dict[str, list]:
+        if (world, accum) not in done:
+            cases = [{"model": MODEL, "seq_len": 32, "micro_batch": 2, "grad_accum": accum, "steps": 3,
+                      "strategy": s} for s in STRATEGIES]
+            ranks = spawn(world, "train_llama_cases", {"cases": cases})
+            done[(world, accum)] = {s: [r["cases"][i] for r in ranks] for i, s in enumerate(STRATEGIES)}
+        return done[(world, accum)]
+    return of
+
+
+@pytest.fixture(params=CASES, ids=lambda c: f"{c[2]}-world{c[0]}-accum{c[1]}")
+def case(request, runs):
     world, accum, strategy = request.param
-    cfg = {"model": MODEL, "seq_len": 32, "micro_batch": 2, "grad_accum": accum, "steps": 3, "strategy": strategy}
-    ranks = spawn(world, "train_llama", cfg)
     scenario = validation_scenario(strategy, MODEL, world, seq_len=32, micro_batch=2, grad_accum=accum)
-    return scenario, ranks
+    return scenario, runs(world, accum)[strategy]
 
 
 def test_collective_sequence_matches_exactly(case):
