@@ -1,11 +1,12 @@
 """Benchmark: predicted vs measured step time of real gloo runs, after calibration.
 
 Run: python bench/validate_timing.py [--profile-dir DIR] [--worlds 2 4]
-Calibrates this machine first unless a profile folder is given (about 1 minute), then
-trains a 4-layer llama-like model (hidden 256, vocab 4096, seq 128, micro-batch 4,
-accumulation 2) with DDP, DDP + ZeroRedundancyOptimizer and FSDP2, and prints the
-measured median step (steps 2-5) beside the simulator's prediction. Not a test: it
-reports what it measures (docs/validation.md has a run).
+Calibrates this machine first unless a profile folder is given (about 1.5 minutes with the
+FSDP2 and DeepSpeed hook measurements), then trains a 4-layer llama-like model (hidden 256,
+vocab 4096, seq 128, micro-batch 4, accumulation 2) without the collective recorder, with
+DDP, DDP + ZeroRedundancyOptimizer, FSDP2 and DeepSpeed ZeRO-1/2/3, and prints the measured
+median step (steps 2-5) beside the simulator's prediction (3 minutes in all). Not a test:
+it reports what it measures (docs/validation.md has a run).
 """
 
 from __future__ import annotations
