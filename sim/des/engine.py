@@ -154,6 +154,8 @@ class EventEngine:
         self._comm_live = dict.fromkeys(self.ranks, 0)       # collectives / sends on the flow network now
         self._hosts = [HostPlan.of(cls.ops(), cluster.host, self.scenario.engine, self.kernel_time)
                        for cls in self.schedule.classes]
+        # a CPU process pays its host costs inline (fold_synchronous); a GPU's host issues ahead (HostClock)
+        self._inline_host = self.host and cluster.host.synchronous and not self.serial
 
     # -- running ---------------------------------------------------------------------------
     def run(self, steps: int = 1) -> None:
@@ -167,10 +169,9 @@ class EventEngine:
                               fuse=self.shortcuts and not self.serial,
                               link_times=self._exclusive_times(k, cls) if self.shortcuts else {})
                  for k, cls in enumerate(self.schedule.classes)]
-        host = self.scenario.cluster.host
-        if self.host and host.synchronous and not self.serial:     # a CPU process: host work is inline
+        if self._inline_host:
             for k, cls in enumerate(self.schedule.classes):
-                fold_synchronous(cls.ops(), plans[k].duration, host, self.scenario.engine)
+                fold_synchronous(cls.ops(), plans[k].duration, self.scenario.cluster.host, self.scenario.engine)
         with paused_gc():
             self._run_steps(steps, plans)
 
@@ -185,7 +186,7 @@ class EventEngine:
                 done = {op_id: self.env.event() for op_id in plan.awaited}
                 ends: dict[int, float] = {}
                 host = self._hosts[self.layout.class_of(r)]
-                issues_ahead = self.host and host.busy and not self.serial and not self.scenario.cluster.host.synchronous
+                issues_ahead = self.host and host.busy and not self.serial and not self._inline_host
                 clock = HostClock(host, start, ends) if issues_ahead else None
                 lanes = [sorted(cls.ops(), key=lambda o: o.id)] if self.serial else list(cls.streams.values())
                 for ops in lanes:

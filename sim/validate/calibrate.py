@@ -69,14 +69,14 @@ def write_profile(out_dir: Path, fits: dict[str, tuple[float, float]], compute: 
     (out_dir / f"cpu-process-calibrated{suffix}.toml").write_text(f"""# One gloo process of this machine, measured: {stamp}
 name = "CPU-process (calibrated)"
 memory_GiB = 6                      # placeholder: not measured
-memory_bandwidth_GBps = {compute.get('elementwise_bandwidth', compute['memory_bandwidth']) / 1e9:.6g}  # measured: elementwise multiplies on the model's activation sizes, all processes at once
+memory_bandwidth_GBps = {compute['elementwise_bandwidth'] / 1e9:.6g}  # measured: elementwise multiplies on the model's activation sizes, all processes at once
 bf16_TFLOPS = {gflops:.6g}   # measured fp32 GEMM throughput (CPU bf16 not measured)
 fp16_TFLOPS = {gflops:.6g}   # measured fp32 GEMM throughput (CPU fp16 not measured)
 fp32_TFLOPS = {gflops:.6g}   # measured: the model's GEMM shapes, all processes at once
 matmul_efficiency = 1.0             # the measured rate is the achieved rate
 memory_bandwidth_efficiency = 1.0   # the measured rate is the achieved rate
 kernel_overhead_us = {compute['kernel_overhead'] * 1e6:.6g}   # measured: an 8x8 matmul, dispatch included
-comm_interference = {compute.get('comm_interference', 0.0):.4g}   # measured: GEMM rate beside an async 64 MiB all-reduce
+comm_interference = {compute['comm_interference']:.4g}   # measured: GEMM rate beside an async 64 MiB all-reduce
 """)
     lines = [f"# This machine as a cluster of gloo processes, measured: {stamp}",
              f'name = "local-cpu (calibrated, {gpus_per_node} processes)"',

@@ -123,7 +123,7 @@ def _validate_hf(world: int, accum: int, out: TextIO) -> int:
     process group; returns the number of mismatches."""
     common = {"model": SEQUENCE_MODEL, "seq_len": 32, "micro_batch": 2, "grad_accum": accum, "steps": 3, "hf": True}
     cases = [{**common, "strategy": strategy, **options} for strategy, options in HF_CASES.values()]
-    ranks = spawn(world, "train_llama_cases", {"cases": cases})
+    ranks = spawn(world, "cases", {"worker": "train_llama", "cases": cases})
     failures = 0
     for i, (label, (strategy, options)) in enumerate(HF_CASES.items()):
         s = validation_scenario(strategy, SEQUENCE_MODEL, world, seq_len=32, micro_batch=2, grad_accum=accum,

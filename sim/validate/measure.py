@@ -75,32 +75,31 @@ def measure_compute(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any
     The elementwise rate is what the model's memory-bound kernels see (eager PyTorch writes
     a fresh output per op): the 64 MiB add measures DRAM streaming, the host's own rate."""
     gemms = [(torch.randn(t, i), torch.randn(i, o)) for t, i, o in cfg["gemm_shapes"]]
-    flops = sum(2.0 * a.shape[0] * a.shape[1] * b.shape[1] for a, b in gemms)
+    flops = sum(_gemm_flops(a, b) for a, b in gemms)
     gemm_rate = _sustained(lambda: [a @ b for a, b in gemms], flops)
     x, y = torch.randn(2**22), torch.randn(2**22)
     memory = _sustained(lambda: torch.add(x, y), 3 * 4 * 2**22)
-    pairs = [(torch.randn(n), torch.randn(n)) for n in cfg.get("activation_elements", [2**22])]
+    pairs = [(torch.randn(n), torch.randn(n)) for n in cfg["activation_elements"]]
     moved = sum(3 * 4 * a.numel() for a, _ in pairs)
     elementwise = _sustained(lambda: [torch.mul(a, b) for a, b in pairs], moved)
     tiny = torch.randn(8, 8)
     overhead = 1.0 / _sustained(lambda: tiny @ tiny, 1.0, 0.2)
     return {"gemm_flops": gemm_rate, "memory_bandwidth": memory, "elementwise_bandwidth": elementwise,
-            "kernel_overhead": overhead, "comm_interference": _interference(gemms[0], gemm_rate_of(gemms[0]))}
+            "kernel_overhead": overhead, "comm_interference": _interference(*gemms[0])}
 
 
-def gemm_rate_of(pair: tuple[torch.Tensor, torch.Tensor]) -> float:
-    a, b = pair
-    return _sustained(lambda: a @ b, 2.0 * a.shape[0] * a.shape[1] * b.shape[1], 0.3)
+def _gemm_flops(a: torch.Tensor, b: torch.Tensor) -> float:
+    return 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
 
 
-def _interference(pair: tuple[torch.Tensor, torch.Tensor], alone: float, nbytes: int = 2**26) -> float:
+def _interference(a: torch.Tensor, b: torch.Tensor, nbytes: int = 2**26) -> float:
     """How much a collective in flight slows compute (GpuSpec.comm_interference: a compute
     op beside a collective takes that fraction of the overlapped time longer), from the
     GEMM rate while a 64 MiB all-reduce runs asynchronously, 1 - rate_beside / rate_alone,
     median of three: where gloo's threads share the cores with compute, as with 2-4
     processes on 2 cores, the collective's copies and reductions take the cores' time."""
-    a, b = pair
-    flops = 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
+    flops = _gemm_flops(a, b)
+    alone = _sustained(lambda: a @ b, flops, 0.3)
     buf = torch.ones(nbytes // 4)
     rates = []
     for _ in range(3):

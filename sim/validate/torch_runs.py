@@ -246,12 +246,6 @@ def train_llama(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     return {"log": [vars(c) for c in recorder.log], "state": held, "step_s": steps}
 
 
-def train_llama_cases(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Several `train_llama` runs one after another in the same process group (one start
-    and one import of transformers for all of them)."""
-    return {"cases": [train_llama(rank, world, case) for case in cfg["cases"]]}
-
-
 def compare_mlp(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """Train the lecture's MLP for `steps` Adam steps; return parameters and what is held."""
     dtype = torch.float64 if cfg.get("float64") else torch.float32
@@ -272,12 +266,6 @@ def compare_mlp(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     return {"params": torch.cat([p.detach().reshape(-1) for p in full]),
             "local_shapes": [tuple(p.shape) for p in local], "local_params": sum(p.numel() for p in local),
             "state_numel": state_numel, "partition": partition}
-
-
-def compare_mlp_cases(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
-    """Several `compare_mlp` runs one after another in the same process group (one start for
-    all of them: each start of 4 processes costs about 8 s on 2 cores)."""
-    return {"cases": [compare_mlp(rank, world, case) for case in cfg["cases"]]}
 
 
 def _deepspeed(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -302,6 +290,14 @@ def idle(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     return {"rank": rank}
 
 
-WORKERS = {"train_llama": train_llama, "train_llama_cases": train_llama_cases, "compare_mlp": compare_mlp,
-           "compare_mlp_cases": compare_mlp_cases, "train_deepspeed": _deepspeed,
-           "measure_collectives": measure_collectives, "measure_compute": compute_and_hooks, "idle": idle}
+def cases(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Several runs of the worker cfg["worker"], one per config of cfg["cases"], one after
+    another in the same process group: one start (about 8 s for 4 processes on 2 cores) and
+    one import of transformers for all of them."""
+    worker = WORKERS[cfg["worker"]]
+    return {"cases": [worker(rank, world, case) for case in cfg["cases"]]}
+
+
+WORKERS = {"train_llama": train_llama, "compare_mlp": compare_mlp, "train_deepspeed": _deepspeed,
+           "measure_collectives": measure_collectives, "measure_compute": compute_and_hooks, "idle": idle,
+           "cases": cases}

@@ -29,7 +29,7 @@ def runs():
     """All cases in one process group per rank (transformers is imported once)."""
     cfgs = [{"model": MODEL, "seq_len": 32, "micro_batch": 2, "grad_accum": 2, "steps": 3, "hf": True,
              "strategy": strategy, **options} for strategy, options in CASES.values()]
-    ranks = spawn(2, "train_llama_cases", {"cases": cfgs})
+    ranks = spawn(2, "cases", {"worker": "train_llama", "cases": cfgs})
     return {case: [r["cases"][i] for r in ranks] for i, case in enumerate(CASES)}
 
 

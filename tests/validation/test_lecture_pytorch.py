@@ -17,7 +17,7 @@ PSI = 281_864
 @pytest.fixture(scope="module")
 def runs():
     keys = (("ddp", False), ("ddp-zero-redundancy", False), ("fsdp2", False), ("ddp", True), ("fsdp2", True))
-    ranks = spawn(4, "compare_mlp_cases", {"cases": [{"strategy": s, "steps": 5, "float64": f64} for s, f64 in keys]})
+    ranks = spawn(4, "cases", {"worker": "compare_mlp", "cases": [{"strategy": s, "steps": 5, "float64": f64} for s, f64 in keys]})
     return {key: [r["cases"][i] for r in ranks] for i, key in enumerate(keys)}
 
 

@@ -16,7 +16,7 @@ CASES = [(world, accum, strategy) for world, accum in RUNS for strategy in STRAT
 
 @pytest.fixture(scope="module")
 def runs():
-    """Every strategy of a world in one process group (train_llama_cases), started once per
+    """Every strategy of a world in one process group (the `cases` worker), started once per
     world when a test first asks for it: (world, accum) -> strategy -> the ranks' results."""
     done: dict[tuple[int, int], dict[str, list]] = {}
 
@@ -24,7 +24,7 @@ def runs():
         if (world, accum) not in done:
             cases = [{"model": MODEL, "seq_len": 32, "micro_batch": 2, "grad_accum": accum, "steps": 3,
                       "strategy": s} for s in STRATEGIES]
-            ranks = spawn(world, "train_llama_cases", {"cases": cases})
+            ranks = spawn(world, "cases", {"worker": "train_llama", "cases": cases})
             done[(world, accum)] = {s: [r["cases"][i] for r in ranks] for i, s in enumerate(STRATEGIES)}
         return done[(world, accum)]
     return of
