@@ -70,6 +70,21 @@ def ddp_engine_volume(psi: int, dp: int, *, zero_redundancy: bool, clipping: boo
     return out
 
 
+def megatron_engine_volume(padded: int, dp: int, *, grad_bytes: int, param_bytes: int,
+                           distributed_optimizer: bool, clipping: bool, fp16: bool) -> dict[str, float]:
+    """Megatron-Core: the gradient buckets (`padded` elements in all) all-reduced once per
+    step, or reduce-scattered with the distributed optimizer, which then all-gathers the
+    16-bit parameters of every bucket; the clipping norm and fp16's found-inf check are
+    4-byte all-reduces."""
+    small = (_ar(4.0, dp) if clipping else 0.0) + (_ar(4.0, dp) if fp16 else 0.0)
+    if not distributed_optimizer:
+        return {"all_reduce": _ar(grad_bytes * padded, dp) + small}
+    out = {"reduce_scatter": _once(grad_bytes * padded, dp), "all_gather": _once(param_bytes * padded, dp)}
+    if small:
+        out["all_reduce"] = small
+    return out
+
+
 def fsdp2_engine_volume(m: ModelSpec, dp: int, *, grad_accum: int, param_bytes: int, reduce_bytes: int,
                         reshard_after_forward: bool, reshard_root: bool, clipping: bool) -> dict[str, float]:
     """FSDP2 per block + root: forward all-gather of every unit, backward all-gather of the

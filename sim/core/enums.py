@@ -64,6 +64,7 @@ class Engine(StrEnum):
     FSDP2 = "fsdp2"
     DDP = "ddp"
     DDP_ZERO_REDUNDANCY = "ddp-zero-redundancy"  # torch ZeroRedundancyOptimizer under DDP
+    MEGATRON = "megatron"                        # Megatron-Core DDP, optionally its distributed optimizer
 
 
 class ScheduleMode(StrEnum):

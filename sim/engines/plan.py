@@ -16,6 +16,7 @@ from sim.engines.deepspeed_zero3 import DEEPSPEED_ZERO3
 from sim.engines.deepspeed_zero12 import DEEPSPEED_ZERO012
 from sim.engines.fsdp2 import FSDP2
 from sim.engines.layout import Layout
+from sim.engines.megatron import MEGATRON
 from sim.engines.model import EngineModel
 from sim.engines.paper import PAPER
 from sim.engines.resident import Resident
@@ -24,7 +25,7 @@ from sim.engines.skeleton import Planner
 from sim.engines.workload import unit_count
 from sim.inputs.scenario import Scenario
 
-ENGINES: tuple[EngineModel, ...] = (PAPER, DDP, FSDP2, DEEPSPEED_ZERO012, DEEPSPEED_ZERO3)
+ENGINES: tuple[EngineModel, ...] = (PAPER, DDP, FSDP2, DEEPSPEED_ZERO012, DEEPSPEED_ZERO3, MEGATRON)
 
 
 def model_of(s: Scenario) -> EngineModel:

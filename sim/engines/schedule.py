@@ -22,6 +22,7 @@ class Stream(StrEnum):
     ALLGATHER = "comm (all-gather)"     # DeepSpeed ZeRO-3 / FSDP2 all-gather stream
     REDUCE = "comm (reduce)"            # reduction / reduce-scatter stream (also DDP's comm)
     P2P = "comm (p2p)"                  # pipeline sends
+    TP = "comm (tp)"                    # TP collectives overlapped with GEMMs (Megatron tp_comm_overlap)
     H2D = "h2d"
     D2H = "d2h"
     CPU = "cpu"

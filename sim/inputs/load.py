@@ -25,7 +25,7 @@ from sim.inputs.models import load_model
 from sim.inputs.reading import parse_toml, read_text
 from sim.inputs.scenario import CommConfig, ComputeConfig, Parallelism, Scenario, Training
 from sim.inputs.scenario_checks import check_scenario
-from sim.inputs.scenario_tables import ddp_from_table, fsdp_from_table, read_training
+from sim.inputs.scenario_tables import ddp_from_table, fsdp_from_table, megatron_from_table, read_training
 from sim.inputs.schema import Key, check_value, read_table
 from sim.inputs.zero_config import zero_from_dict
 
@@ -39,6 +39,7 @@ TOP_KEYS = (
     Key("zero", dict, required=False, default=None),
     Key("fsdp", dict, required=False, default=None),
     Key("ddp", dict, required=False, default=None),
+    Key("megatron", dict, required=False, default=None),
     Key("schedule", str, required=False, default="implemented", choices=tuple(ScheduleMode)),
     Key("comm", dict, required=False, default={}),
     Key("compute", dict, required=False, default={}),
@@ -95,6 +96,7 @@ def scenario_from_table(raw: Mapping[str, Any], source: Path, name: str, questio
         engine=engine, zero=zero,
         fsdp=fsdp_from_table(top["fsdp"] or {}, source) if engine is Engine.FSDP2 else None,
         ddp=ddp_from_table(top["ddp"] or {}, source) if engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY) else None,
+        megatron=megatron_from_table(top["megatron"] or {}, source) if engine is Engine.MEGATRON else None,
         schedule_mode=ScheduleMode(top["schedule"]), comm=_comm(top["comm"], source),
         compute=_compute(top["compute"], source))
     check_scenario(scenario, source)
@@ -156,23 +158,21 @@ def _parallel(raw: Mapping[str, Any], world: int, source: Path) -> Parallelism:
 
 
 def _engine(top: Mapping[str, Any], source: Path) -> Engine:
-    """Explicit `engine`, else deepspeed for [zero] / deepspeed =, fsdp2 for [fsdp], else ddp."""
+    """Explicit `engine`, else deepspeed for [zero] / deepspeed =, fsdp2 for [fsdp], megatron
+    for [megatron], else ddp."""
     has_ds = top["zero"] is not None or top["deepspeed"] is not None
     if top["zero"] is not None and top["deepspeed"] is not None:
         raise InputError(source, "zero", "give either [zero] or deepspeed = \"ds_config.json\", not both")
     if has_ds and top["fsdp"] is not None:
         raise InputError(source, "fsdp", "[fsdp] and DeepSpeed ZeRO settings exclude each other")
-    implied = Engine.DEEPSPEED if has_ds else Engine.FSDP2 if top["fsdp"] is not None else Engine.DDP
+    tables = {Engine.DEEPSPEED: has_ds, Engine.FSDP2: top["fsdp"] is not None,
+              Engine.MEGATRON: top["megatron"] is not None, Engine.DDP: top["ddp"] is not None}
+    implied = next((e for e in (Engine.DEEPSPEED, Engine.FSDP2, Engine.MEGATRON) if tables[e]), Engine.DDP)
     engine = Engine(top["engine"]) if top["engine"] else implied
-    if engine is Engine.DEEPSPEED:
-        ok = top["fsdp"] is None and top["ddp"] is None
-    elif engine is Engine.FSDP2:
-        ok = not has_ds and top["ddp"] is None
-    else:
-        ok = not has_ds and top["fsdp"] is None
-    if not ok:
+    own = Engine.DDP if engine is Engine.DDP_ZERO_REDUNDANCY else engine
+    if any(given for e, given in tables.items() if e is not own):
         raise InputError(source, "engine", f"engine '{engine}' does not match the [zero] / deepspeed / "
-                         "[fsdp] / [ddp] settings given")
+                         "[fsdp] / [ddp] / [megatron] settings given")
     return engine
 
 
@@ -196,8 +196,9 @@ def _training(raw: Mapping[str, Any], ds: Any, dp: int, engine: Engine, source: 
         t["global_batch"], t["micro_batch"], t["grad_accum"], dp,
         (names["global_batch"], names["micro_batch"], names["grad_accum"]))
     clipping = t["gradient_clipping"]
-    if clipping is None:  # DeepSpeed's code default is 1.0 (PR #8068); torch clips only if asked
-        clipping = ds.gradient_clipping if ds else (1.0 if engine is Engine.DEEPSPEED else 0.0)
+    if clipping is None:  # DeepSpeed's code default is 1.0 (PR #8068), Megatron's --clip-grad 1.0;
+        # torch clips only if asked
+        clipping = ds.gradient_clipping if ds else (1.0 if engine in (Engine.DEEPSPEED, Engine.MEGATRON) else 0.0)
     return Training(seq_len=t["seq_len"], micro_batch=micro, grad_accum=accum,
                     global_batch=global_batch, precision=Precision(t["precision"]),
                     recompute=Recompute(t["recompute"]), gradient_clipping=clipping,

@@ -22,7 +22,7 @@ from sim.core.enums import (
 )
 from sim.core.model import ModelSpec
 from sim.core.specs import ClusterSpec
-from sim.inputs.scenario_tables import DdpConfig, FsdpConfig
+from sim.inputs.scenario_tables import DdpConfig, FsdpConfig, MegatronConfig
 from sim.inputs.zero_config import ZeroConfig
 
 
@@ -93,6 +93,7 @@ class Scenario:
     zero: ZeroConfig | None   # set for engine 'deepspeed'
     fsdp: FsdpConfig | None   # set for engine 'fsdp2'
     ddp: DdpConfig | None     # set for 'ddp' and 'ddp-zero-redundancy'
+    megatron: MegatronConfig | None = None   # set for 'megatron'
     schedule_mode: ScheduleMode = ScheduleMode.IMPLEMENTED
     comm: CommConfig = CommConfig()
     compute: ComputeConfig = ComputeConfig()
@@ -109,7 +110,7 @@ class Scenario:
             return self.zero.stage
         if self.fsdp is not None:
             return ZeroStage.PARAMETERS if self.fsdp.reshard_after_forward else ZeroStage.GRADIENTS
-        if self.engine is Engine.DDP_ZERO_REDUNDANCY:
+        if self.engine is Engine.DDP_ZERO_REDUNDANCY or (self.megatron and self.megatron.distributed_optimizer):
             return ZeroStage.OPTIMIZER
         return ZeroStage.NONE
 

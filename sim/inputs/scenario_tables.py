@@ -106,3 +106,51 @@ DDP_KEYS = (
 def ddp_from_table(raw: Mapping[str, Any], source: Path) -> DdpConfig:
     v = read_table(raw, DDP_KEYS, source, "ddp.")
     return DdpConfig(bucket_cap=v["bucket_cap"], broadcast_buffers=v["broadcast_buffers"])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MegatronConfig:
+    """Megatron-Core's data-parallel wrapper and optimizer, as its training arguments name
+    them (megatron/core/distributed/distributed_data_parallel_config.py, megatron/training/
+    arguments.py; sim/engines/megatron.py says what each does to the schedule).
+
+    distributed_optimizer (`--use-distributed-optimizer`): fp32 master weights and Adam
+    states sharded over data parallelism; gradients reduce-scattered, parameters
+    all-gathered after the step. overlap_grad_reduce / overlap_param_gather: the bucketed
+    reductions run during backward, the all-gathers during the next forward.
+    tp_comm_overlap: Transformer Engine's userbuffers hide the tensor-parallel all-gathers
+    and reduce-scatters behind the GEMMs (needs sequence parallelism). bucket_size:
+    elements per gradient bucket; None is Megatron's max(40M, 1M x dp) with
+    overlap_grad_reduce and one bucket without it. grad_reduce_in_fp32: None is Megatron's
+    choice (fp32 with bf16, `accumulate_allreduce_grads_in_fp32`; the training dtype else).
+    """
+
+    distributed_optimizer: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    tp_comm_overlap: bool = False
+    bucket_size: int | None = None
+    grad_reduce_in_fp32: bool | None = None
+
+
+MEGATRON_KEYS = (
+    Key("distributed_optimizer", bool, required=False, default=False),
+    Key("overlap_grad_reduce", bool, required=False, default=False),
+    Key("overlap_param_gather", bool, required=False, default=False),
+    Key("tp_comm_overlap", bool, required=False, default=False),
+    Key("bucket_size", int, required=False, default=None, positive=True),
+    Key("grad_reduce_in_fp32", bool, required=False, default=None),
+)
+
+
+def megatron_from_table(raw: Mapping[str, Any], source: Path) -> MegatronConfig:
+    """[megatron]; the flag combinations Megatron's own argument checks refuse are refused
+    here with its reason (megatron/training/arguments.py)."""
+    v = read_table(raw, MEGATRON_KEYS, source, "megatron.")
+    if v["overlap_param_gather"] and not v["distributed_optimizer"]:
+        raise InputError(source, "megatron.overlap_param_gather", "needs distributed_optimizer = true "
+                         "(Megatron: '--overlap-param-gather only supported with distributed optimizer')")
+    if v["overlap_param_gather"] and not v["overlap_grad_reduce"]:
+        raise InputError(source, "megatron.overlap_param_gather", "needs overlap_grad_reduce = true "
+                         "(Megatron asserts --overlap-grad-reduce with --overlap-param-gather)")
+    return MegatronConfig(**v)

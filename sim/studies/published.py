@@ -149,7 +149,7 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]
     cluster = lay.cluster_name(f.get("gpu", ""), row_gpn, notes)
     cluster_gpn = lay.catalog_cluster(cluster).gpus_per_node
     layout = lay.layout(f, cluster_gpn, row_gpn, notes)
-    choice = lay.engine(f, layout.nodes, layout.gpus_per_node, notes)
+    choice = lay.engine(f, layout.nodes, layout.gpus_per_node, notes, layout.tp)
     seq = required_int(f.get("seq_len", ""), "seq_len", notes)
     model, vocab = model_table(f, seq, layout.tp, choice.megatron, notes)
     prec = precision(f.get("precision", ""), f.get("other_config", ""), notes)
@@ -157,8 +157,8 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]
     micro, glob = lay.batch(f, seq, layout.dp, choice.megatron, notes)
     _schedule_notes(f, layout.pp, notes)
     parallel: dict[str, Any] = {"tp": layout.tp, "pp": layout.pp}
-    if layout.tp > 1 and _sequence_parallel(f):
-        parallel["sequence_parallel"] = True
+    if layout.tp > 1 and (_sequence_parallel(f) or choice.keys.get("megatron", {}).get("tp_comm_overlap")):
+        parallel["sequence_parallel"] = True    # Megatron asserts it under --tp-comm-overlap
     training: dict[str, Any] = {"seq_len": seq, "micro_batch": micro, "global_batch": glob,
                                 "precision": prec, "recompute": rec}
     if choice.partition_activations:

@@ -6,8 +6,9 @@
   H200 -> hgx-h200; B200 -> dgx-b200; anything else is refused.
 - Engine: FSDP / TorchTitan -> [fsdp] (FSDP1 recorded as simulated by FSDP2, NO_SHARD -> ddp,
   HYBRID_SHARD -> replicate_degree = nodes); DeepSpeed / ZeRO / Megatron-DeepSpeed ->
-  [zero] stage n with the offload the row names; Megatron-LM alone -> ddp with Megatron
-  TP/PP; PyTorch DDP -> ddp.
+  [zero] stage n with the offload the row names; Megatron-LM alone -> [megatron] with the
+  flags the row names (distributed optimizer, --overlap-grad-reduce, --overlap-param-gather,
+  --tp-comm-overlap, which implies sequence parallelism); PyTorch DDP -> ddp.
 - Layout: nodes = GPUs / GPUs per node (the cluster's when the row does not say); fewer
   GPUs than a node -> one node with `gpus_per_node`. tp / pp missing -> 1 unless the
   framework names model or pipeline parallelism. grad_accum = global / (micro x dp).
@@ -192,7 +193,7 @@ def zero_knobs(other: str, framework: str, gpn: int) -> dict[str, Any]:
     return out
 
 
-def engine(f: Mapping[str, str], nodes: int, gpn: int, notes: list[str]) -> EngineChoice:
+def engine(f: Mapping[str, str], nodes: int, gpn: int, notes: list[str], tp: int = 1) -> EngineChoice:
     fw, zs_text = f.get("framework", "").lower(), f.get("zero_stage", "")
     zs = zs_text.lower()
     family = engine_family(fw, zs)
@@ -206,14 +207,29 @@ def engine(f: Mapping[str, str], nodes: int, gpn: int, notes: list[str]) -> Engi
         pa = "partition" in f.get("act_ckpt", "").lower() or bool(re.search(r"\bpa\b", zs))
         return EngineChoice({"engine": "deepspeed", "zero": zero}, family, megatron, pa)
     if family == "megatron":
-        notes.append("Megatron-LM simulated by the DDP planner (Megatron TP/PP, DDP gradient all-reduce)")
-        if "distributed optimizer" in zs:
-            notes.append("Megatron distributed optimizer (ZeRO-1-like) simulated as a DDP all-reduce "
-                         "(same gradient volume; optimizer states not sharded)")
-        return EngineChoice({"engine": "ddp"}, family, True)
+        return EngineChoice({"engine": "megatron", "megatron": megatron_flags(f, tp, notes)}, family, True)
     if fw.strip() == "pytorch":
         notes.append("framework 'PyTorch' simulated as DDP")
     return EngineChoice({"engine": "ddp"}, family, megatron)
+
+
+_MEGATRON_FLAGS = (("distributed_optimizer", r"distributed optimizer|--use-distributed-optimizer"),
+                   ("overlap_grad_reduce", r"--overlap-grad-reduce"),
+                   ("overlap_param_gather", r"--overlap-param-gather"),
+                   ("tp_comm_overlap", r"--tp-comm-overlap"))
+
+
+def megatron_flags(f: Mapping[str, str], tp: int, notes: list[str]) -> dict[str, bool]:
+    """[megatron] keys from the flags the row names (zero_stage and other_config cells);
+    none named is Megatron's default: replicated optimizer, gradients all-reduced after
+    backward. --tp-comm-overlap is dropped at tp = 1, where Megatron turns sequence
+    parallelism off and there is no TP communication to overlap."""
+    text = " ".join(f.get(c, "") for c in ("zero_stage", "other_config")).lower()
+    out = {key: True for key, pattern in _MEGATRON_FLAGS if re.search(pattern, text)}
+    if tp == 1 and out.pop("tp_comm_overlap", False):
+        notes.append("--tp-comm-overlap at tp = 1: nothing to overlap, dropped")
+    notes.append("Megatron-Core engine model: " + (", ".join(out) if out else "no overlap flags named"))
+    return out
 
 
 def _fsdp(fw: str, zs: str, offload: str, nodes: int, notes: list[str]) -> EngineChoice:

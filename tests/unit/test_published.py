@@ -72,10 +72,22 @@ def test_vp001_is_a_32_gpu_megatron_data_parallel_run_of_3_53_s(shared_rows):
     assert r.usable and r.reason == "" and r.tier == "A" and r.source == "Megatron SC21"
     s = r.scenario
     assert s.world_size == 32 and (s.parallel.tp, s.parallel.pp, s.parallel.dp) == (1, 1, 32)
-    assert s.engine is Engine.DDP and s.training.recompute is Recompute.FULL
+    assert s.engine is Engine.MEGATRON and s.training.recompute is Recompute.FULL
+    assert s.megatron is not None and not s.megatron.distributed_optimizer and not s.megatron.overlap_grad_reduce
     assert (s.training.micro_batch, s.training.global_batch, s.training.grad_accum) == (1, 512, 16)
     assert r.measured_step_s == pytest.approx(3.53)
     assert any("micro_batch 1 assumed" in a for a in r.assumptions)
+
+
+@needs_data
+def test_megatron_core_rows_take_the_flags_they_name(shared_rows):
+    s = shared_rows["VP054"].scenario       # --overlap-grad-reduce --overlap-param-gather --tp-comm-overlap
+    assert s.engine is Engine.MEGATRON and s.megatron is not None
+    assert s.megatron.distributed_optimizer and s.megatron.overlap_grad_reduce and s.megatron.overlap_param_gather
+    assert s.megatron.tp_comm_overlap and s.parallel.sequence_parallel
+    tp1 = shared_rows["VP051"]               # the same flags at tp = 1: nothing to overlap
+    assert tp1.usable and not tp1.scenario.megatron.tp_comm_overlap
+    assert any("tp = 1" in a for a in tp1.assumptions)
 
 
 @needs_data
@@ -102,7 +114,7 @@ def test_every_row_has_a_scenario_and_step_or_a_one_line_reason(shared_rows):
         assert r.tier in "ABC"
     usable = [r for r in shared_rows.values() if r.usable]
     assert len(usable) >= 50
-    assert {str(r.scenario.engine) for r in usable} >= {"ddp", "deepspeed", "fsdp2"}
+    assert {str(r.scenario.engine) for r in usable} >= {"megatron", "deepspeed", "fsdp2"}
 
 
 @needs_data
