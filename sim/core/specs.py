@@ -73,6 +73,8 @@ class HostSpec:
     collective_launch: float = 0.0  # s of host CPU per collective call (process group + NCCL enqueue)
     zero3_hook: float = 0.0        # s per DeepSpeed ZeRO-3 module hook pair (fetch / release bookkeeping)
     fsdp2_hook: float = 0.0        # s per FSDP2 unit hook pair (unshard / reshard bookkeeping)
+    zero3_rank_piece: float = 0.0  # s per (rank, tensor) piece DeepSpeed ZeRO-3 slices in Python when it
+                                   # unpacks a coalesced all-gather or packs a reduce-scatter bucket
     synchronous: bool = False      # the 'device' is the host's own thread (a CPU process): host costs
                                    # add to the compute stream instead of running ahead of it
 

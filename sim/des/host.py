@@ -3,7 +3,8 @@ each; a device op cannot start before the host has issued it.
 
 Each op costs the host its kernel launches (framework dispatch included: `[host]
 launch_us` per kernel), a collective call (`collective_launch_us`), and the framework
-hooks the planner attached to it (`hooks` x `zero3_hook_us` or `fsdp2_hook_us`). The host
+hooks the planner attached to it (`hooks` x `zero3_hook_us` or `fsdp2_hook_us`, and
+`pieces` x `zero3_rank_piece_us` for ZeRO-3's per-rank slicing in Python). The host
 runs ahead of the device freely (CUDA's launch queue is deep) except where it synchronises
 (`Op.synced`: cudaEventSynchronize / .item() / a DeepSpeed fetch-event wait): then it
 waits for that op to end. So the issue time of op i is
@@ -54,8 +55,10 @@ def fold_synchronous(ops: Iterable[AnyOp], duration: dict[int, float | None], ho
 
 
 def hook_cost(op: AnyOp, host: HostSpec, engine: Engine) -> float:
+    """The framework's Python work for `op`: its module hook calls, and the per-rank tensor
+    slices of ZeRO-3's coalesced gathers and reductions (`pieces` x `zero3_rank_piece_us`)."""
     hook = host.zero3_hook if engine is Engine.DEEPSPEED else host.fsdp2_hook if engine is Engine.FSDP2 else 0.0
-    return op.hooks * hook
+    return op.hooks * hook + op.pieces * host.zero3_rank_piece
 
 
 def launches(op: AnyOp) -> int:
@@ -88,8 +91,9 @@ class HostPlan:
         syncs: list[tuple[int, tuple[int, ...]]] = []
         tails: dict[tuple[int, float], float] = {}     # identical kernel tuples (replayed parts) share it
         total = 0.0
+        piece = host.zero3_rank_piece
         for op in by_id:
-            hooks = op.hooks * hook
+            hooks = op.hooks * hook + op.pieces * piece
             kind = type(op)
             if isinstance(op, Compute) and op.kernels:
                 kernels = op.kernels

@@ -115,15 +115,15 @@ class Builder:
     # -- ops ------------------------------------------------------------------------------------
     def compute(self, name: str, phase: Phase, micro_step: int, *, kernels: tuple[Kernel, ...] = (),
                 layer: int | None = None, deps: Deps = (), alloc: tuple[Alloc, ...] = (),
-                free: tuple[Alloc, ...] = (), join: bool = False, hooks: int = 0) -> OpRef:
+                free: tuple[Alloc, ...] = (), join: bool = False, hooks: int = 0, pieces: int = 0) -> OpRef:
         """A compute op running `kernels`; with `join`, they are appended to the previous op
         instead when nothing can tell the two apart (`_joinable`): the returned ref is then
         that op's."""
-        if join and self.joins and not alloc and not hooks and not any(d is not None for d in deps) and \
+        if join and self.joins and not alloc and not hooks and not pieces and not any(d is not None for d in deps) and \
                 self._joinable(phase, micro_step, layer):
             return self._join(name, kernels, free)
         return self._add(Compute, Stream.COMPUTE, deps, alloc, free, name=name, phase=phase, micro_step=micro_step,
-                         layer=layer, kernels=kernels, hooks=hooks)
+                         layer=layer, kernels=kernels, hooks=hooks, pieces=pieces)
 
     def _joinable(self, phase: Phase, micro_step: int, layer: int | None) -> bool:
         """The previous op may take one more kernel at its end when it is the last op issued,
@@ -163,9 +163,10 @@ class Builder:
 
     def collective(self, stream: Stream, coll: Coll, nbytes: float, name: str, phase: Phase, micro_step: int, *,
                    axis: Axis = Axis.DP, layer: int | None = None, deps: Deps = (),
-                   alloc: tuple[Alloc, ...] = (), free: tuple[Alloc, ...] = (), purpose: str = "") -> OpRef:
+                   alloc: tuple[Alloc, ...] = (), free: tuple[Alloc, ...] = (), purpose: str = "",
+                   pieces: int = 0) -> OpRef:
         return self._add(Collective, stream, deps, alloc, free, name=name, phase=phase, micro_step=micro_step,
-                         layer=layer, purpose=purpose, coll=coll, axis=axis, nbytes=nbytes)
+                         layer=layer, purpose=purpose, coll=coll, axis=axis, nbytes=nbytes, pieces=pieces)
 
     def send(self, name: str, phase: Phase, micro_step: int, *, nbytes: float, tag: PipeTag, peer: int,
              deps: Deps = ()) -> OpRef:

@@ -14,7 +14,12 @@ released unless used again within `max_reuse_distance` elements of trace. Gradie
 the IPG bucket (flush on overflow of `reduce_bucket_size`), each bucket one
 reduce_scatter_tensor on the reduce stream, at most two in flight before the host waits.
 The step runs Adam on this rank's partition (or CPU-Adam with offload) and all-gathers
-the persistent parameters; no other parameter gather follows the step.
+the persistent parameters; no other parameter gather follows the step. The host slices
+per rank in Python: the first wait on a coalesced gather of several tensors unpacks it
+(dp pieces per tensor, and a torch.cat copy on the compute stream), and each bucket's
+reduce-scatter packs dp pieces per tensor (HostSpec.zero3_rank_piece). Not simulated: the
+reduce stream's own copy of the packed bucket, and the cat's transient second copy of a
+gathered batch in memory.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections import deque
 from functools import cached_property
 from typing import NamedTuple
 
+from sim.analytic import kernels as kn
 from sim.analytic.comm import tensor_padded
 from sim.analytic.placement import TensorGroup
 from sim.core.enums import Coll, ScheduleMode, ZeroStage
@@ -43,11 +49,12 @@ MAX_REDUCE_EVENTS = 2       # stage3.py max_param_reduce_events
 
 class Fetch(NamedTuple):
     """What using a module gathers: its owner's partitioned parameters (a tied head uses the
-    embedding's), their elements and the padded elements all-gathered."""
+    embedding's), their elements, the padded elements all-gathered and how many tensors."""
 
     owner: str
     numel: int
     padded: int
+    tensors: int
 
 
 class Zero3Planner(Planner):
@@ -67,11 +74,13 @@ class Zero3Planner(Planner):
             own = self.granules[self._owner_index(owner)]
             numels = [n for j, n in enumerate(own.tensors) if (owner, j) not in self.persistent]
             if numels:
-                self.fetch[i] = Fetch(owner, sum(numels), sum(tensor_padded(n, self.dp) for n in numels))
+                self.fetch[i] = Fetch(owner, sum(numels), sum(tensor_padded(n, self.dp) for n in numels), len(numels))
         self.padded_total = sum(tensor_padded(n, self.dp) for g in self.granules for n in g.tensors)
         self.persistent_numel = sum(self.granules[self._owner_index(o)].tensors[j] for o, j in self.persistent)
         self.bucket = DeepSpeedBucket(self.z.reduce_bucket_size)
         self.bucket_padded = 0
+        self.bucket_tensors = 0
+        self.to_unpack: dict[OpRef, list[Fetch]] = {}    # coalesced gathers not yet waited for
         self.reductions: deque[OpRef] = deque()
         self.last_reduction: OpRef | None = None
         self.offload_copies: list[OpRef] = []
@@ -171,6 +180,7 @@ class Zero3Planner(Planner):
                     n_available += k[1]
             for dep in deps:   # the compute stream waits for the gathers this use needs
                 self.b.stream_wait(Stream.COMPUTE, dep)
+                self._unpack(dep, ms, use)
             op = self._emit_use(use)
             if key and self._release(keys, pos, skipped):
                 n_available -= available.pop(key[0])[1]
@@ -228,7 +238,23 @@ class Zero3Planner(Planner):
         ag = self.collective(Stream.ALLGATHER, Coll.ALL_GATHER, self.h * padded, f"all-gather {names}",
                              self._phase(use), ms, deps=deps, alloc=alloc,
                              layer=self.granules[use.index].block, purpose=purpose)
+        if sum(k.tensors for k in batch) > 1:
+            self.to_unpack[ag] = batch
         return ag
+
+    def _unpack(self, ag: OpRef, ms: int, use: Use) -> None:
+        """The first wait on a coalesced gather of more than one tensor
+        (partition_parameters.py `AllGatherCoalescedHandle.wait`) splits it back into
+        parameters: per tensor, a Python loop over the ranks (narrow, append, record_stream)
+        and one torch.cat of the dp pieces on the compute stream (a copy of every gathered
+        element). A single tensor's gather lands in place (`AllGatherHandle`)."""
+        batch = self.to_unpack.pop(ag, None)
+        if batch is None:
+            return
+        elements = sum(k.numel for k in batch)
+        copy = kn.memory("torch.cat of the gathered pieces", 2.0 * self.h * elements)
+        self.compute("unpack coalesced all-gather", self._phase(use), ms, (copy,), self.granules[use.index].block
+                     if use.what is not C else None, pieces=self.dp * sum(k.tensors for k in batch))
 
     def _phase(self, use: Use) -> Phase:
         return Phase.BWD if self._in_backward else Phase.FWD
@@ -252,13 +278,16 @@ class Zero3Planner(Planner):
             if self.bucket.add(n):   # the bucket overflowed: reduce what it held before n
                 self._reduce_scatter(use.micro_step, op, g.block)
             self.bucket_padded += tensor_padded(n, self.dp)
+            self.bucket_tensors += 1
 
     def _reduce_scatter(self, ms: int, producer: OpRef | None, layer: int | None) -> None:
-        """Reduce what the bucket holds except its newest gradient (DeepSpeed flushes first)."""
-        padded = self.bucket_padded
-        self.bucket_padded = 0
+        """Reduce what the bucket holds except its newest gradient (DeepSpeed flushes first).
+        coalesced_collectives.py `reduce_scatter_coalesced` first slices every tensor into dp
+        chunks and interleaves them in Python: dp pieces per tensor on the host."""
+        padded, pieces = self.bucket_padded, self.dp * self.bucket_tensors
+        self.bucket_padded = self.bucket_tensors = 0
         rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, self.h * padded, "reduce_scatter bucket",
-                             Phase.BWD, ms, deps=[producer], layer=layer, purpose="grad bucket")
+                             Phase.BWD, ms, deps=[producer], layer=layer, purpose="grad bucket", pieces=pieces)
         self.last_reduction = rs
         self.reductions.append(rs)
         if len(self.reductions) > MAX_REDUCE_EVENTS:

@@ -88,7 +88,8 @@ class Op:
     only because a frozen dataclass costs three times as much to build). `deps` are ops of other streams (or host-side waits) that must end first;
     `waits_for` are pipeline sends from a neighbouring stage that must arrive first. The host
     issues ops in id order (sim.des.host): `synced` is where it blocked first (a host sync),
-    `hooks` the framework hook calls it ran for this op (ZeRO-3 and FSDP2 module hooks)."""
+    `hooks` the framework hook calls it ran for this op (ZeRO-3 and FSDP2 module hooks),
+    `pieces` the (rank, tensor) slices DeepSpeed ZeRO-3 handles one by one in Python for it."""
 
     kind: ClassVar[Kind]
     id: int
@@ -104,6 +105,7 @@ class Op:
     waits_for: tuple[PipeTag, ...] = ()
     synced: tuple[int, ...] = ()        # the ops the host waited for before issuing this one
     hooks: int = 0                      # framework hook calls the host runs before issuing it
+    pieces: int = 0                     # per-rank tensor slices the host handles for it (ZeRO-3)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -111,15 +111,16 @@ class Planner:
 
     def compute(self, name: str, phase: Phase, ms: int, kernels: tuple[Kernel, ...], layer: int | None,
                 deps: Iterable[OpRef | None] = (), *, alloc: tuple[Alloc, ...] = (),
-                free: tuple[Alloc, ...] = (), join: bool = False, hooks: int = 0) -> OpRef:
+                free: tuple[Alloc, ...] = (), join: bool = False, hooks: int = 0, pieces: int = 0) -> OpRef:
         return self.b.compute(name, phase, ms, kernels=kernels, layer=layer, deps=deps, alloc=alloc, free=free,
-                              join=join, hooks=hooks)
+                              join=join, hooks=hooks, pieces=pieces)
 
     def collective(self, stream: Stream, coll: Coll, nbytes: float, name: str, phase: Phase, ms: int, *,
                    axis: Axis = Axis.DP, deps: Iterable[OpRef | None] = (), layer: int | None = None,
-                   alloc: tuple[Alloc, ...] = (), free: tuple[Alloc, ...] = (), purpose: str = "") -> OpRef:
+                   alloc: tuple[Alloc, ...] = (), free: tuple[Alloc, ...] = (), purpose: str = "",
+                   pieces: int = 0) -> OpRef:
         return self.b.collective(stream, coll, nbytes, name, phase, ms, axis=axis, layer=layer, deps=deps,
-                                 alloc=alloc, free=free, purpose=purpose)
+                                 alloc=alloc, free=free, purpose=purpose, pieces=pieces)
 
     # -- the skeleton ----------------------------------------------------------------------
     def trace(self, ms: int) -> list[Use]:

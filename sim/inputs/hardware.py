@@ -74,6 +74,7 @@ HOST_KEYS = (
     Key("collective_launch_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
     Key("zero3_hook_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
     Key("fsdp2_hook_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
+    Key("zero3_rank_piece_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
     Key("synchronous", bool, required=False, default=False),
 )
 
@@ -132,7 +133,8 @@ def cluster_from_table(table: Mapping[str, Any], source: str | Path, base_dir: P
                       cpu_adam_params_per_s=host["cpu_adam_params_per_s"],
                       nvme_bandwidth=host["nvme_bandwidth"], launch=host["launch"],
                       collective_launch=host["collective_launch"], zero3_hook=host["zero3_hook"],
-                      fsdp2_hook=host["fsdp2_hook"], synchronous=host["synchronous"]))
+                      fsdp2_hook=host["fsdp2_hook"], zero3_rank_piece=host["zero3_rank_piece"],
+                      synchronous=host["synchronous"]))
     cal = read_table(v["calibration"], CALIBRATION_KEYS, source, prefix + "calibration.")
     calibration = {op: (cal[f"{op}_alpha"], cal[f"{op}_busbw"]) for op in CALIBRATED_OPS
                    if cal[f"{op}_alpha"] is not None and cal[f"{op}_busbw"] is not None}

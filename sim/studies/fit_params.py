@@ -5,7 +5,7 @@ Rules (issue 9, design.md "calibrated constants"): one value per hardware proper
 per row; every parameter has bounds that keep it physical (the sources in the comments); a
 parameter is fitted only when some row of the fit depends on it. A GPU parameter is shared
 by the files of the same chip (A100 40 GB and 80 GB have the same SMs and kernels); host
-software costs (kernel launch, ZeRO-3 and FSDP2 hook pairs) are one value for every
+software costs (kernel launch, ZeRO-3 and FSDP2 hook pairs, ZeRO-3 per-rank slicing) are one value for every
 cluster file, because they are the framework's CPU path, not the node's wiring.
 """
 
@@ -47,7 +47,8 @@ class Param:
     def applies(self, s: Scenario) -> bool:
         c = s.cluster
         if self.scope == "host":
-            uses = {"host.zero3_hook_us": s.engine is Engine.DEEPSPEED and s.zero is not None and s.zero.stage == 3,
+            zero3 = s.engine is Engine.DEEPSPEED and s.zero is not None and s.zero.stage == 3
+            uses = {"host.zero3_hook_us": zero3, "host.zero3_rank_piece_us": zero3 and s.parallel.dp > 1,
                     "host.fsdp2_hook_us": s.engine is Engine.FSDP2}
             return uses.get(self.key, True)
         if self.key.startswith("inter_node."):
@@ -89,6 +90,7 @@ GETTERS: dict[str, Callable[[ClusterSpec], float]] = {
     "host.launch_us": lambda c: c.node.host.launch / US,
     "host.zero3_hook_us": lambda c: c.node.host.zero3_hook / US,
     "host.fsdp2_hook_us": lambda c: c.node.host.fsdp2_hook / US,
+    "host.zero3_rank_piece_us": lambda c: c.node.host.zero3_rank_piece / US,
 }
 SETTERS: dict[str, Callable[[ClusterSpec, float], ClusterSpec]] = {
     "matmul_efficiency": lambda c, v: _gpu(c, matmul_efficiency=v),
@@ -100,6 +102,7 @@ SETTERS: dict[str, Callable[[ClusterSpec, float], ClusterSpec]] = {
     "host.launch_us": lambda c, v: _host(c, launch=v * US),
     "host.zero3_hook_us": lambda c, v: _host(c, zero3_hook=v * US),
     "host.fsdp2_hook_us": lambda c, v: _host(c, fsdp2_hook=v * US),
+    "host.zero3_rank_piece_us": lambda c, v: _host(c, zero3_rank_piece=v * US),
 }
 
 # Bounds: what a physical device or framework can do, with the source of each range.
@@ -120,6 +123,8 @@ HOST_BOUNDS = {
     "host.launch_us": (2.0, 30.0, "PyTorch dispatch + cudaLaunchKernel 5-20 us (HTA docs)"),
     "host.zero3_hook_us": (20.0, 2000.0, "DeepSpeed ZeRO-3 hook pair: 0.1-2 ms (DeepSpeed#1069, #3622)"),
     "host.fsdp2_hook_us": (20.0, 2000.0, "FSDP2 hook pair: ~1 ms pre-forward (pytorch#173680)"),
+    "host.zero3_rank_piece_us": (1.0, 10.0, "Python narrow + append + cat input per slice: 2.3 us measured "
+                                            "(sim.validate.measure.rank_piece_seconds), + record_stream on CUDA"),
 }
 
 

@@ -96,7 +96,8 @@ comm_interference = {compute['comm_interference']:.4g}   # measured: GEMM rate b
              "cpu_adam_params_per_s = 2.0e8  # placeholder: not measured",
              "synchronous = true       # a CPU process runs the work it issues: host costs are inline",
              "launch_us = 0            # dispatch is in the GPU file's measured kernel_overhead_us",
-             "collective_launch_us = 0  # the call is in the [calibration] alphas"]
+             "collective_launch_us = 0  # the call is in the [calibration] alphas",
+             f"zero3_rank_piece_us = {compute['rank_piece'] * 1e6:.6g}  # measured: sim.validate.measure.rank_piece_seconds"]
     for engine, key in (("fsdp2", "fsdp2_hook_us"), ("deepspeed", "zero3_hook_us")):
         if engine in hooks:
             lines.append(f"{key} = {hooks[engine] * 1e6:.6g}  # measured: sim.validate.measure_hooks, all processes at once")

@@ -85,7 +85,23 @@ def measure_compute(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any
     tiny = torch.randn(8, 8)
     overhead = 1.0 / _sustained(lambda: tiny @ tiny, 1.0, 0.2)
     return {"gemm_flops": gemm_rate, "memory_bandwidth": memory, "elementwise_bandwidth": elementwise,
-            "kernel_overhead": overhead, "comm_interference": _interference(*gemms[0])}
+            "kernel_overhead": overhead, "comm_interference": _interference(*gemms[0]),
+            "rank_piece": rank_piece_seconds()}
+
+
+def rank_piece_seconds(ranks: int = 1024, piece: int = 8) -> float:
+    """Host seconds per (rank, tensor) piece of DeepSpeed ZeRO-3's Python slicing
+    (HostSpec.zero3_rank_piece): what `AllGatherCoalescedHandle.wait` does per gathered
+    tensor, a loop over the ranks that narrows the flat buffer and appends each slice,
+    then one torch.cat of the slices; on tiny slices, so the copy costs next to nothing."""
+    flat = torch.zeros(ranks * piece)
+
+    def unpack() -> torch.Tensor:
+        parts = []
+        for r in range(ranks):
+            parts.append(flat.narrow(0, r * piece, piece))
+        return torch.cat(parts)
+    return 1.0 / _sustained(unpack, float(ranks), 0.2)
 
 
 def _gemm_flops(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -1,0 +1,51 @@
+"""DeepSpeed ZeRO-3's per-rank Python slicing: coalesced all-gathers are unpacked and
+reduce-scatter buckets packed one (rank, tensor) piece at a time on the host."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sim.des.host import host_cost
+from sim.engines.plan import layout_of, planner_for
+from sim.engines.schedule import Collective, Compute
+from sim.simulate import simulate
+from tests.crosscheck.scenarios import tiny
+
+
+def zero3(nodes: int):
+    return tiny("ds-zero3-prefetch", nodes=nodes)
+
+
+def test_every_reduce_scatter_costs_dp_pieces_per_tensor_it_reduces():
+    r = simulate(zero3(2))
+    dp = r.scenario.parallel.dp
+    reductions = [op for op in r.schedule.ops(0) if isinstance(op, Collective) and op.purpose == "grad bucket"]
+    assert reductions and all(op.pieces % dp == 0 and op.pieces > 0 for op in reductions)
+    # every gradient tensor of a micro-step is reduced once, so dp pieces each, per micro-step
+    per_step = sum(op.pieces for op in reductions) / (dp * r.scenario.training.grad_accum)
+    planner = planner_for(r.scenario, layout_of(r.scenario))
+    assert per_step == sum(len(g.tensors) for g in planner.granules if not g.shares)
+
+
+def test_coalesced_gathers_are_unpacked_with_a_copy_of_what_they_gathered():
+    r = simulate(zero3(1))
+    unpacks = [op for op in r.schedule.ops(0) if isinstance(op, Compute) and op.name == "unpack coalesced all-gather"]
+    assert unpacks and all(op.pieces > 0 and len(op.kernels) == 1 for op in unpacks)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_host_pays_the_pieces_at_the_piece_rate(nodes):
+    s = zero3(nodes)
+    host = s.cluster.node.host
+    r = simulate(s)
+    op = next(op for op in r.schedule.ops(0) if op.pieces)
+    with_pieces = host_cost(op, host, s.engine)
+    without = host_cost(op, replace(host, zero3_rank_piece=0.0), s.engine)
+    assert with_pieces - without == pytest.approx(op.pieces * host.zero3_rank_piece)
+
+
+def test_more_ranks_cost_the_host_more_slicing_per_step():
+    small, large = (sum(op.pieces for op in simulate(zero3(n)).schedule.ops(0)) for n in (1, 2))
+    assert large == pytest.approx(2 * small, rel=0.05)
