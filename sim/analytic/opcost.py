@@ -53,10 +53,33 @@ def compute_time(flops: float, mem_bytes: float, peak_flops: float, matmul_effic
     return max(flops / (peak_flops * matmul_efficiency), mem_bytes / hbm) + elementwise_bytes / hbm + overhead
 
 
-def gpu_adam_time(params: float, cluster: ClusterSpec) -> float:
-    """Fused Adam on the GPU is bandwidth-bound: 30 B of HBM traffic per parameter."""
+UNFUSED_ADAM_BYTES_PER_PARAM = 72.0  # torch Adam's passes, fp32: lerp m (12), v *= b2 (8), v += g^2 (12),
+                                     # sqrt v (8), / bias correction (8), + eps (8), p -= m / denom (16)
+UNFUSED_ADAM_KERNELS = 7             # those seven passes: kernels per tensor (for-loop) or per foreach call
+FOREACH_TENSORS_PER_LAUNCH = 36      # multi_tensor_apply's tensor list depth-4 limit (torch MultiTensorApply.cuh)
+
+
+def gpu_adam_time(params: float, cluster: ClusterSpec, implementation: str = "fused", tensors: int = 1) -> float:
+    """Adam on the device, bandwidth-bound. Fused (DeepSpeed / Megatron FusedAdam, torch
+    fused=True): one pass, 30 B of HBM traffic per parameter, its few launches negligible.
+    torch's foreach and single-tensor ('for-loop') implementations run the update as seven
+    elementwise passes, 72 B per parameter (torch/optim/adam.py `_multi_tensor_adam`,
+    `_single_tensor_adam`), and pay the device's per-kernel overhead per launch: seven per
+    tensor for the loop, seven per 36 tensors for foreach."""
     gpu = cluster.gpu
-    return params * ADAM_BYTES_PER_PARAM / (gpu.memory_bandwidth * gpu.memory_bandwidth_efficiency)
+    rate = gpu.memory_bandwidth * gpu.memory_bandwidth_efficiency
+    if implementation == "fused":
+        return params * ADAM_BYTES_PER_PARAM / rate
+    return params * UNFUSED_ADAM_BYTES_PER_PARAM / rate + adam_launches(implementation, tensors) * gpu.kernel_overhead
+
+
+def adam_launches(implementation: str, tensors: int) -> int:
+    """Kernel launches of one Adam step over `tensors` parameter tensors (fused: one)."""
+    if implementation == "for-loop":
+        return UNFUSED_ADAM_KERNELS * tensors
+    if implementation == "foreach":
+        return UNFUSED_ADAM_KERNELS * -(-tensors // FOREACH_TENSORS_PER_LAUNCH)
+    return 1
 
 
 def cpu_adam_time(params: float, cluster: ClusterSpec, ranks_per_node: int) -> float:

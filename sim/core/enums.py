@@ -95,6 +95,15 @@ class KernelStyle(StrEnum):
     HF = "hf"
 
 
+class OptimizerImpl(StrEnum):
+    """How the Adam step runs (torch.optim's `fused` / `foreach` / single-tensor loop;
+    DeepSpeed's and Megatron's FusedAdam are `fused`): sim.analytic.opcost.gpu_adam_time."""
+
+    FUSED = "fused"
+    FOREACH = "foreach"
+    FOR_LOOP = "for-loop"
+
+
 class AttentionImpl(StrEnum):
     """[compute] attention: one fused kernel per pass, or GEMMs around a softmax."""
 

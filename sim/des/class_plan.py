@@ -67,7 +67,9 @@ def _cost_key(op: AnyOp) -> tuple[object, ...]:
     itself for ops that use links (they have no isolated duration here)."""
     if isinstance(op, Compute):
         return (Compute, op.kernels)
-    if isinstance(op, GpuOptimizer | CpuStep):
+    if isinstance(op, GpuOptimizer):
+        return (type(op), op.params, op.implementation, op.tensors)
+    if isinstance(op, CpuStep):
         return (type(op), op.params)
     return (type(op), op.id)
 

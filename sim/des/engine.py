@@ -49,7 +49,9 @@ def local_time(op: AnyOp, s: Scenario, timer: Callable[[Kernel], float] | None =
     if isinstance(op, Compute):
         time = timer or (lambda k: kernel_time(k, s))
         return sum(time(k) for k in op.kernels)
-    if not isinstance(op, GpuOptimizer | CpuStep):
+    if isinstance(op, GpuOptimizer):
+        return opcost.gpu_adam_time(op.params, s.cluster, op.implementation, op.tensors)
+    if not isinstance(op, CpuStep):
         return None
     return opcost.device_op_time(op.kind.value, flops=0.0, mem_bytes=0.0, elementwise_bytes=0.0,
                                  params=op.params, precision=s.training.precision.value, cluster=s.cluster,

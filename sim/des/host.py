@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 
 from sim.analytic.kernels import Kernel
+from sim.analytic.opcost import adam_launches
 from sim.core.enums import Engine
 from sim.core.specs import HostSpec
 from sim.engines.schedule import AnyOp, Collective, Compute, CpuStep, GpuOptimizer, Send, Stream
@@ -65,6 +66,8 @@ def launches(op: AnyOp) -> int:
     """Kernel (or collective) launches the host makes for `op`."""
     if isinstance(op, Compute):
         return len(op.kernels)
+    if isinstance(op, GpuOptimizer):
+        return adam_launches(op.implementation, op.tensors)
     return 0 if isinstance(op, CpuStep) else 1
 
 
@@ -103,6 +106,10 @@ class HostPlan:
                 if key not in tails:
                     tails[key] = _tail(kernels, hooks, launch, kernel_seconds)
                 tail.append(tails[key])
+            elif isinstance(op, GpuOptimizer):   # starts at its first launch, ends after its last
+                cost = hooks + launch * adam_launches(op.implementation, op.tensors)
+                lead.append(hooks + launch)
+                tail.append(cost)
             else:
                 cost = hooks + (0.0 if kind is Compute or kind is CpuStep
                                 else call if kind is Collective or kind is Send else launch)

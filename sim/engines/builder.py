@@ -152,10 +152,10 @@ class Builder:
         return cast(OpRef, ref)
 
     def gpu_optimizer(self, name: str, micro_step: int, *, params: float, deps: Deps = (),
-                      holds: tuple[Alloc, ...] = ()) -> OpRef:
+                      holds: tuple[Alloc, ...] = (), implementation: str = "fused", tensors: int = 1) -> OpRef:
         """Adam on the GPU; `holds` are buffers alive while it runs."""
         return self._add(GpuOptimizer, Stream.COMPUTE, deps, holds, holds, name=name, phase=Phase.STEP,
-                         micro_step=micro_step, params=params)
+                         micro_step=micro_step, params=params, implementation=implementation, tensors=tensors)
 
     def cpu_step(self, name: str, micro_step: int, *, params: float, deps: Deps = ()) -> OpRef:
         return self._add(CpuStep, Stream.CPU, deps, (), (), name=name, phase=Phase.STEP, micro_step=micro_step,

@@ -4,7 +4,10 @@ torch/distributed/optim/zero_redundancy_optimizer.py; reference 2.5).
 With bf16/fp16 the torch engines run autocast: parameters, gradients and Adam states stay
 fp32, so DDP all-reduces fp32 gradients. Buckets (25 MB, the first 1 MiB) are all-reduced
 on the comm stream as soon as their gradients are ready; during accumulation `no_sync`
-skips the all-reduce until the last micro-step. The optimizer waits for every bucket.
+skips the all-reduce until the last micro-step. At that step the reducer copies each
+gradient into its bucket (scaled by 1/dp) and, after the all-reduces, back into `.grad`
+(`gradient_as_bucket_view=False`, torch's default): two passes over the gradients on the
+compute stream. The optimizer waits for every bucket.
 ZeroRedundancyOptimizer keeps Adam state only for the tensors it owns (a greedy,
 largest-first assignment of whole tensors), steps them, then broadcasts every parameter
 from its owner; the step waits for the most loaded rank.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 
+from sim.analytic.kernels import memory
 from sim.analytic.placement import TensorGroup, census_numel, rank_tensors
 from sim.analytic.volumes import ddp_engine_volume
 from sim.core.enums import Coll, Engine, ScheduleMode
@@ -63,6 +67,12 @@ class DdpPlanner(Planner):
             return float(self.psi)
         return float(max(sum(self.tensors[i] for i in own) for own in self.owned))
 
+    def optimizer_tensors(self) -> int:
+        """Tensors the rank's Adam steps: all, or those the most loaded rank owns."""
+        if not self.zero1:
+            return len(self.tensors)
+        return len(max(self.owned, key=lambda own: sum(self.tensors[i] for i in own)))
+
     def part_key(self, ms: int, direction: Direction) -> tuple[bool, bool]:
         """Micro-steps differ only in the first (buffer broadcast) and the last (gradient sync)."""
         return (ms == 0, ms == self.boundary)
@@ -79,11 +89,19 @@ class DdpPlanner(Planner):
                                 0, purpose="buffers")]
 
     def after_use(self, use: Use, op: OpRef) -> None:
-        if use.what is not B or use.micro_step != self.boundary:
+        """At the sync micro-step each ready gradient is copied into its bucket, divided by
+        dp on the way (reducer.cpp `mark_variable_ready_dense`: `mul_out` into the bucket
+        view, `gradient_as_bucket_view=False`), on the compute stream; full buckets are
+        all-reduced."""
+        g = self.granules[use.index]
+        if use.what is not B or use.micro_step != self.boundary or not g.numel:
             return
-        for numel in reversed(self.granules[use.index].tensors):
+        copy = self.compute("DDP copy gradients into buckets", Phase.BWD, use.micro_step,
+                            (memory("grad -> bucket view (x 1/dp)", 2.0 * self.grad_bytes * g.numel),), g.block,
+                            [op])
+        for numel in reversed(g.tensors):
             for size in self.bucket.add(numel):
-                self._all_reduce(size, op, use)
+                self._all_reduce(size, copy, use)
 
     def _all_reduce(self, elements: int, op: OpRef, use: Use) -> None:
         self.reductions.append(self.collective(
@@ -100,10 +118,13 @@ class DdpPlanner(Planner):
                                                    "DDP bucket all-reduce", Phase.BWD, ms, deps=[last],
                                                    purpose="grad bucket"))
         self.wait_before_next_compute(self.reductions[-1] if self.reductions else None)
+        # finalize_backward: each bucket's result copied back into the .grad tensors
+        self.compute("DDP copy buckets back to gradients", Phase.BWD, ms,
+                     (memory("bucket view -> grad", 2.0 * self.grad_bytes * self.psi),), None)
 
     def optimizer_step(self) -> None:
         norm = self.grad_norm()
-        step = self.optimizer(GpuAdam(), self.optimizer_params(), [norm])
+        step = self.optimizer(GpuAdam(self.t.optimizer, self.optimizer_tensors()), self.optimizer_params(), [norm])
         if not self.zero1:
             return
         # _sync_params: for each rank in turn, a broadcast of every tensor it owns, in the order

@@ -133,7 +133,7 @@ class Zero12Planner(Planner):
         if self.offload:
             self.optimizer(DeepSpeedCpuAdam(shard * self.elem(self.half)), shard, [norm, *self.offload_copies])
         else:
-            self.optimizer(GpuAdam((fp32_grads,)), shard, [norm])
+            self.optimizer(GpuAdam(self.t.optimizer, 1, (fp32_grads,)), shard, [norm])   # one flat partition
         if self.stage > 0:
             self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.padded * self.elem(self.half),
                             "all_gather_into_tensor (16-bit partitions)", Phase.STEP, self.boundary,

@@ -313,7 +313,9 @@ class Zero3Planner(Planner):
             self.optimizer(DeepSpeedCpuAdam(shard * self.h), shard, [norm, *self.offload_copies])
         else:
             tile = min(shard, self.z.sub_group_size)
-            self.optimizer(GpuAdam((Alloc(Mem.OPTIMIZER, "fp32 gradient sub-group", 4.0 * tile),)), shard, [norm])
+            groups = max(1, -(-int(shard) // int(tile))) if tile else 1   # one flat tensor per sub-group
+            self.optimizer(GpuAdam(self.t.optimizer, groups, (Alloc(Mem.OPTIMIZER, "fp32 gradient sub-group",
+                                                                     4.0 * tile),)), shard, [norm])
         padded = [tensor_padded(self.granules[self._owner_index(o)].tensors[j], self.dp)
                   for o, j in sorted(self.persistent, key=self._tensor_order)]
         if not padded:

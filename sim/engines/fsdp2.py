@@ -177,7 +177,8 @@ class Fsdp2Planner(Planner):
         if self.f.cpu_offload:
             self.optimizer(TorchCpuAdam(TORCH_CPU_ADAM_SLOWDOWN), shard, [norm, self.last_rs])
         else:
-            self.optimizer(GpuAdam(), shard, [norm])
+            tensors = sum(len(g.tensors) for g in self.granules)   # one DTensor shard per parameter
+            self.optimizer(GpuAdam(self.t.optimizer, tensors), shard, [norm])
 
     def notes(self) -> list[str]:
         return [f"FSDP2: {self.m.layers} block units + root; reshard_after_forward={self.f.reshard_after_forward}, "

@@ -201,7 +201,8 @@ class MegatronPlanner(Planner):
                             self.boundary, purpose="overflow check")
         norm = self.grad_norm()
         params = self.padded / self.dp if self.c.distributed_optimizer else float(self.psi)
-        self.optimizer(GpuAdam(), params, [norm])
+        tensors = sum(len(g.tensors) for g in self.granules)
+        self.optimizer(GpuAdam(self.t.optimizer, tensors), params, [norm])
         if self.c.distributed_optimizer and not self.c.overlap_param_gather:
             for k in self.forward_order:
                 self._gather(k, Stream.COMPUTE, Phase.STEP, self.boundary)

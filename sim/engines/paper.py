@@ -117,7 +117,7 @@ class PaperPlanner(Planner):
 
     def optimizer_step(self) -> None:
         # idealised: no gradient clipping all-reduce
-        self.optimizer(GpuAdam(), self.psi / (self.dp if self.stage >= ZeroStage.OPTIMIZER else 1))
+        self.optimizer(GpuAdam(self.t.optimizer), self.psi / (self.dp if self.stage >= ZeroStage.OPTIMIZER else 1))
         if self.stage in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
             self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * self.psi, "all-gather parameters",
                             Phase.STEP, self.boundary, purpose="post-step")

@@ -68,12 +68,16 @@ class OptimizerPlacement(Protocol):
 @dataclass(frozen=True, slots=True)
 class GpuAdam:
     """Adam on the GPU, memory-bound (sim.analytic.opcost.gpu_adam_time); `holds` are buffers
-    alive while it runs (DeepSpeed's fp32 gradient partition or sub-group)."""
+    alive while it runs (DeepSpeed's fp32 gradient partition or sub-group); `tensors` the
+    tensors it steps one by one or in foreach lists (a flat partition is one)."""
 
+    implementation: str
+    tensors: int = 1
     holds: tuple[Alloc, ...] = ()
 
     def step(self, b: Builder, micro_step: int, params: float, deps: Iterable[OpRef | None]) -> OpRef:
-        return b.gpu_optimizer("optimizer step (Adam)", micro_step, params=params, deps=deps, holds=self.holds)
+        return b.gpu_optimizer(f"optimizer step (Adam, {self.implementation})", micro_step, params=params, deps=deps,
+                               holds=self.holds, implementation=self.implementation, tensors=self.tensors)
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,10 +129,13 @@ class Compute(Op):
 
 @dataclass(slots=True, kw_only=True)
 class GpuOptimizer(Op):
-    """Adam over `params` parameters on the GPU (memory-bound)."""
+    """Adam over `params` parameters in `tensors` tensors on the GPU (memory-bound), run by
+    `implementation` (sim.core.enums.OptimizerImpl)."""
 
     kind: ClassVar[Kind] = Kind.OPTIMIZER
     params: float
+    implementation: str = "fused"
+    tensors: int = 1
 
 
 @dataclass(slots=True, kw_only=True)

@@ -57,6 +57,7 @@ class DeepSpeedSettings:
     partition_activations: bool
     cpu_checkpointing: bool
     zero: ZeroConfig
+    torch_adam: bool = False        # optimizer.params.torch_adam: torch.optim's Adam, not FusedAdam
 
 
 def read_deepspeed_config(path: Path, *, hidden: int) -> DeepSpeedSettings:
@@ -88,6 +89,7 @@ def read_deepspeed_config(path: Path, *, hidden: int) -> DeepSpeedSettings:
         partition_activations=ckpt["partition_activations"],
         cpu_checkpointing=ckpt["cpu_checkpointing"],
         zero=zero_from_dict(zero_raw, path, "zero_optimization.", hidden=hidden),
+        torch_adam=_torch_adam(cfg.get("optimizer"), path),
     )
 
 
@@ -168,6 +170,15 @@ def _comm_dtype(value: Any, precision: str, path: Path) -> str | None:
         raise InputError(path, "communication_data_type", f"{value!r} differs from the training precision "
                          f"({precision}): {NOT_SIMULATED_YET}; allowed: {precision} or leave it out")
     return names[value]
+
+
+def _torch_adam(section: Any, path: Path) -> bool:
+    """`optimizer.params.torch_adam` (DeepSpeed's Adam falls back to torch.optim.Adam)."""
+    params = section.get("params", {}) if isinstance(section, Mapping) else {}
+    if not isinstance(params, Mapping):
+        raise InputError(path, "optimizer.params", f"expected an object, got {params!r}")
+    value = params.get("torch_adam", False)
+    return bool(check_value(value, Key("torch_adam", bool), path, "optimizer.params.torch_adam"))
 
 
 def _check_optimizer(section: Any, path: Path) -> None:

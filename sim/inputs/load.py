@@ -13,7 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from sim.core import limits as L
-from sim.core.enums import Algorithm, AttentionImpl, Axis, Engine, KernelStyle, Precision, Recompute, ScheduleMode
+from sim.core.enums import (
+    Algorithm,
+    AttentionImpl,
+    Axis,
+    Engine,
+    KernelStyle,
+    OptimizerImpl,
+    Precision,
+    Recompute,
+    ScheduleMode,
+)
 from sim.core.errors import InputError
 from sim.core.model import ModelSpec
 from sim.core.specs import ClusterSpec
@@ -86,7 +96,7 @@ def scenario_from_table(raw: Mapping[str, Any], source: Path, name: str, questio
     if top["deepspeed"] is not None:
         ds_path = resolve(top["deepspeed"], "scenarios", base, source, "deepspeed")
         ds = read_deepspeed_config(ds_path, hidden=model.hidden)
-    training = _training(top["training"], ds, parallel.dp, engine, source)
+    training = _training(top["training"], ds, parallel.dp, engine, source, cluster.node.host.synchronous)
     zero = None
     if engine is Engine.DEEPSPEED:
         zero = ds.zero if ds else zero_from_dict(top["zero"] or {}, source, "zero.", hidden=model.hidden)
@@ -176,7 +186,7 @@ def _engine(top: Mapping[str, Any], source: Path) -> Engine:
     return engine
 
 
-def _training(raw: Mapping[str, Any], ds: Any, dp: int, engine: Engine, source: Path) -> Training:
+def _training(raw: Mapping[str, Any], ds: Any, dp: int, engine: Engine, source: Path, cpu_device: bool) -> Training:
     """[training] merged with a ds_config (conflicts are errors), batch filled DeepSpeed's way."""
     t = read_training(raw, source, have_deepspeed=ds is not None)
     names = {key: (source, f"training.{key}") for key in ("global_batch", "micro_batch", "grad_accum")}
@@ -203,4 +213,19 @@ def _training(raw: Mapping[str, Any], ds: Any, dp: int, engine: Engine, source: 
                     global_batch=global_batch, precision=Precision(t["precision"]),
                     recompute=Recompute(t["recompute"]), gradient_clipping=clipping,
                     partition_activations=t["partition_activations"] or bool(ds and ds.partition_activations),
-                    cpu_checkpointing=bool(ds and ds.cpu_checkpointing))
+                    cpu_checkpointing=bool(ds and ds.cpu_checkpointing),
+                    optimizer=_optimizer(t["optimizer_implementation"], engine, ds, cpu_device))
+
+
+def _optimizer(given: str | None, engine: Engine, ds: Any, cpu_device: bool) -> OptimizerImpl:
+    """`training.optimizer_implementation`, else the engine's: on a CPU device torch's Adam
+    runs its single-tensor loop (foreach needs CUDA tensors; DeepSpeed's CPU runs use
+    `torch_adam`); on a GPU DeepSpeed and Megatron run FusedAdam, and so does zerosim for
+    the torch engines too (torch.optim.AdamW on CUDA defaults to foreach: set it to say so)."""
+    if given is not None:
+        return OptimizerImpl(given)
+    if cpu_device:
+        return OptimizerImpl.FOR_LOOP
+    if ds is not None and ds.torch_adam:
+        return OptimizerImpl.FOREACH
+    return OptimizerImpl.FUSED

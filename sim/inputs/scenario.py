@@ -15,6 +15,7 @@ from sim.core.enums import (
     Axis,
     Engine,
     KernelStyle,
+    OptimizerImpl,
     Precision,
     Recompute,
     ScheduleMode,
@@ -74,6 +75,7 @@ class Training:
     gradient_clipping: float     # 0 = off; on costs one small all-reduce per step
     partition_activations: bool  # ZeRO-R P_a (DeepSpeed activation_checkpointing)
     cpu_checkpointing: bool
+    optimizer: OptimizerImpl = OptimizerImpl.FUSED   # how the Adam step runs
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.core import limits as L
-from sim.core.enums import Recompute
+from sim.core.enums import OptimizerImpl, Recompute
 from sim.core.errors import InputError
 from sim.core.units import MB
 from sim.inputs.schema import NOT_SIMULATED_YET, Key, check_value, read_table
@@ -23,6 +23,7 @@ TRAINING_KEYS = (
     Key("recompute", str, required=False, default="none", choices=tuple(Recompute)),
     Key("gradient_clipping", float, required=False, default=None, non_negative=True),
     Key("partition_activations", bool, required=False, default=False),
+    Key("optimizer_implementation", str, required=False, default=None, choices=tuple(OptimizerImpl)),
 )
 
 
