@@ -27,7 +27,7 @@ def main() -> None:
     folder = Path(args.profile_dir) if args.profile_dir else Path(tempfile.mkdtemp(prefix="zerosim-cal-"))
     if not args.profile_dir:
         calibrate(folder, worlds=tuple(args.worlds), model=TIMING_MODEL,
-                  tokens=TIMING_RUN["seq_len"] * TIMING_RUN["micro_batch"])
+                  tokens=TIMING_RUN["seq_len"] * TIMING_RUN["micro_batch"], seq_len=TIMING_RUN["seq_len"])
     print(f"{'strategy':22s}{'world':>6s}{'measured s':>12s}{'predicted s':>13s}{'error':>8s}")
     for world in args.worlds:
         for row in predicted_vs_measured(profile_for(folder, world), world):

@@ -56,9 +56,14 @@ def attention_efficiency(seq: int, backward: bool, gpu: GpuSpec) -> float:
     the kernel's efficiency times the share of its query x key blocks that are full (the
     diagonal blocks of a causal mask are half empty)."""
     eff = gpu.attention_backward_efficiency if backward else gpu.attention_efficiency
+    return eff * causal_share(seq)
+
+
+def causal_share(seq: int) -> float:
+    """The useful share of the query x key tiles a causal kernel computes (1 for seq 0)."""
     blocks = math.ceil(seq / ATTENTION_TILE)
     useful = blocks * (blocks + 1) / 2 * ATTENTION_TILE**2
-    return eff * (seq * seq / 2) / useful if seq > 0 else eff
+    return (seq * seq / 2) / useful if seq > 0 else 1.0
 
 
 def kernel_time(k: Kernel, gpu: GpuSpec, precision: str) -> float:

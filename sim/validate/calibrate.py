@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from sim.analytic import kernels as kn
+from sim.analytic.kernel_time import causal_share
 from sim.analytic.opcost import bus_factor, ring_steps
-from sim.core.enums import Coll
+from sim.core.enums import AttentionImpl, Coll, KernelStyle
 from sim.validate.measure import OPS, SIZES
 from sim.validate.torch_runs import spawn
 
@@ -53,8 +55,25 @@ def fit_alpha_beta(samples: list[tuple[int, int, float]], op: str,
     return float(alpha), 1.0 / float(inv_bw)
 
 
+def attention_efficiencies(compute: dict[str, Any], shape: tuple[int, int, int, int]) -> tuple[float, float]:
+    """`attention_efficiency` and `attention_backward_efficiency` that make the simulator's
+    flash-attention kernels (sim.analytic.kernels.attention, timed by
+    sim.analytic.kernel_time) take the measured seconds on `shape` (batch x heads, kv heads,
+    seq, head_dim): the kernel's FLOPs over the measured time less the per-kernel overhead,
+    over the measured GEMM rate and the causal tile share."""
+    bh, kvh, seq, d = shape
+    passes = kn.attention("attention", bh, kvh, seq, d, AttentionImpl.FLASH, KernelStyle.HF, False, 4)
+    out = []
+    for kernel, seconds in ((passes.forward[0], compute["attention"][0]),
+                            (passes.backward_input[0], compute["attention"][1])):
+        busy = max(seconds - compute["kernel_overhead"], 1e-12)
+        out.append(min(1.0, kernel.flops / busy / compute["gemm_flops"] / causal_share(seq)))
+    return out[0], out[1]
+
+
 def write_profile(out_dir: Path, fits: dict[str, tuple[float, float]], compute: dict[str, float],
-                  gpus_per_node: int, hooks: dict[str, float] | None = None) -> Path:
+                  gpus_per_node: int, hooks: dict[str, float] | None = None,
+                  attention: tuple[float, float] | None = None) -> Path:
     """Write calibrated GPU and cluster TOML files for `gpus_per_node` processes sharing the
     machine (contention differs with their number); return the cluster file's path.
     `hooks`: measured seconds per hook call, by engine ('fsdp2', 'deepspeed'); the host is
@@ -77,7 +96,9 @@ matmul_efficiency = 1.0             # the measured rate is the achieved rate
 memory_bandwidth_efficiency = 1.0   # the measured rate is the achieved rate
 kernel_overhead_us = {compute['kernel_overhead'] * 1e6:.6g}   # measured: an 8x8 matmul, dispatch included
 comm_interference = {compute['comm_interference']:.4g}   # measured: GEMM rate beside an async 64 MiB all-reduce
-""")
+""" + ("" if attention is None else f"""attention_efficiency = {attention[0]:.4g}   # measured: causal sdpa forward on the model's shape
+attention_backward_efficiency = {attention[1]:.4g}   # measured: its backward
+"""))
     lines = [f"# This machine as a cluster of gloo processes, measured: {stamp}",
              f'name = "local-cpu (calibrated, {gpus_per_node} processes)"',
              f'gpu = "cpu-process-calibrated{suffix}.toml"',
@@ -134,11 +155,17 @@ def activation_elements(model: dict[str, Any], tokens: int) -> list[int]:
 
 
 def calibrate(out_dir: Path, *, worlds: tuple[int, ...] = (2, 4), sizes: tuple[int, ...] = SIZES,
-              model: dict[str, Any], tokens: int, hooks: tuple[str, ...] | None = None) -> dict[int, dict[str, Any]]:
+              model: dict[str, Any], tokens: int, hooks: tuple[str, ...] | None = None,
+              seq_len: int | None = None) -> dict[int, dict[str, Any]]:
     """Measure, fit and write one profile per number of processes; return, per world, the
     profile's path and the raw numbers. `hooks`: the engines whose hook cost to measure
-    (default: hook_engines())."""
+    (default: hook_engines()); `seq_len`: measure the attention kernel on the model's
+    shape at that length (tokens / seq_len sequences)."""
     engines = hook_engines() if hooks is None else hooks
+    shape = None
+    if seq_len:
+        heads = model["heads"]
+        shape = (tokens // seq_len * heads, model["kv_heads"], seq_len, model["hidden"] // heads)
     out = {}
     for world in worlds:
         times = spawn(world, "measure_collectives", {"sizes": list(sizes)})[0]["times"]
@@ -147,10 +174,11 @@ def calibrate(out_dir: Path, *, worlds: tuple[int, ...] = (2, 4), sizes: tuple[i
             samples[op].append((world, size, t))
         ranks = spawn(world, "measure_compute", {"gemm_shapes": gemm_shapes(model, tokens),
                                                  "activation_elements": activation_elements(model, tokens),
-                                                 "hook_engines": list(engines)})
+                                                 "hook_engines": list(engines), "attention": shape})
         compute = ranks[0]
         hook_s = {engine: statistics.median(r["hooks"][engine] for r in ranks) for engine in engines}
         fits = {op: fit_alpha_beta(s, op, max_busbw=compute["memory_bandwidth"]) for op, s in samples.items()}
-        out[world] = {"path": write_profile(out_dir, fits, compute, world, hook_s), "samples": samples,
+        attention = attention_efficiencies(compute, shape) if shape else None
+        out[world] = {"path": write_profile(out_dir, fits, compute, world, hook_s, attention), "samples": samples,
                       "fits": fits, "compute": compute, "hooks": hook_s}
     return out

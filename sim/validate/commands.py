@@ -52,7 +52,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             return _calibrate_device(args, out)
         sizes = tuple(s for s in SIZES if s <= args.max_size_MiB * 2**20)
         tokens = TIMING_RUN["seq_len"] * TIMING_RUN["micro_batch"]
-        results = calibrate(Path(args.out), worlds=tuple(args.worlds), sizes=sizes, model=TIMING_MODEL, tokens=tokens)
+        results = calibrate(Path(args.out), worlds=tuple(args.worlds), sizes=sizes, model=TIMING_MODEL, tokens=tokens,
+                            seq_len=TIMING_RUN["seq_len"])
         for world, r in sorted(results.items()):
             c = r["compute"]
             hooks = ", ".join(f"{e} hook {s * 1e6:.0f} us" for e, s in sorted(r["hooks"].items()))

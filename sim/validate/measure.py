@@ -86,7 +86,22 @@ def measure_compute(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any
     overhead = 1.0 / _sustained(lambda: tiny @ tiny, 1.0, 0.2)
     return {"gemm_flops": gemm_rate, "memory_bandwidth": memory, "elementwise_bandwidth": elementwise,
             "kernel_overhead": overhead, "comm_interference": _interference(*gemms[0]),
-            "rank_piece": rank_piece_seconds()}
+            "rank_piece": rank_piece_seconds(),
+            "attention": attention_seconds(*cfg["attention"]) if cfg.get("attention") else None}
+
+
+def attention_seconds(batch_heads: int, seq: int, head_dim: int) -> tuple[float, float]:
+    """Seconds of one causal scaled_dot_product_attention forward and of its backward on
+    (batch_heads, seq, head_dim) fp32 tensors, every process at once (the transformers
+    sdpa path the timing runs take)."""
+    q, k, v = (torch.randn(1, batch_heads, seq, head_dim, requires_grad=True) for _ in range(3))
+    grad = torch.randn(1, batch_heads, seq, head_dim)
+    forward = 1.0 / _sustained(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                               1.0, 0.3)
+
+    def both() -> None:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+    return forward, max(1.0 / _sustained(both, 1.0, 0.3) - forward, 0.0)
 
 
 def rank_piece_seconds(ranks: int = 1024, piece: int = 8) -> float:

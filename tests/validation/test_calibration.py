@@ -25,7 +25,8 @@ def test_fit_recovers_alpha_and_busbw(op):
 
 def test_a_short_calibration_writes_a_profile_the_simulator_uses(tmp_path):
     # FSDP2's hooks only: DeepSpeed's engine takes longer to start than the rest of the calibration
-    results = calibrate(tmp_path, worlds=(2,), sizes=(2**10, 2**14, 2**18), model=SMALL, tokens=64, hooks=("fsdp2",))
+    results = calibrate(tmp_path, worlds=(2,), sizes=(2**10, 2**14, 2**18), model=SMALL, tokens=64, hooks=("fsdp2",),
+                        seq_len=32)
     path = results[2]["path"]
     cluster = load_cluster(path)
     assert set(cluster.calibration) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
@@ -33,6 +34,8 @@ def test_a_short_calibration_writes_a_profile_the_simulator_uses(tmp_path):
     host = cluster.node.host
     assert host.synchronous and host.launch == 0.0 and host.fsdp2_hook > 0.0   # a CPU process: hooks inline
     assert 0.0 <= cluster.gpu.comm_interference <= 1.0
+    assert 0.0 < cluster.gpu.attention_efficiency <= 1.0 and 0.0 < cluster.gpu.attention_backward_efficiency <= 1.0
+    assert 0.0 < host.zero3_rank_piece < 1e-3        # seconds per (rank, tensor) slice
     assert results[2]["hooks"]["fsdp2"] == pytest.approx(host.fsdp2_hook, rel=1e-4)
     s = validation_scenario("ddp", SMALL, 2, seq_len=32, micro_batch=2, grad_accum=1, cluster=str(path))
     assert simulate(s).step_time_s > 0
