@@ -87,7 +87,14 @@ def measure_compute(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any
     return {"gemm_flops": gemm_rate, "memory_bandwidth": memory, "elementwise_bandwidth": elementwise,
             "kernel_overhead": overhead, "comm_interference": _interference(*gemms[0]),
             "rank_piece": rank_piece_seconds(),
-            "attention": attention_seconds(*cfg["attention"]) if cfg.get("attention") else None}
+            "attention": attention_seconds(*_heads_seq_dim(cfg["attention"])) if cfg.get("attention") else None}
+
+
+def _heads_seq_dim(shape: list[int]) -> tuple[int, int, int]:
+    """(batch x heads, seq, head_dim) of calibrate's (batch x heads, kv heads, seq, head_dim):
+    transformers' sdpa path repeats the key/value heads, so the kernel sees every head."""
+    batch_heads, _, seq, head_dim = shape
+    return batch_heads, seq, head_dim
 
 
 def attention_seconds(batch_heads: int, seq: int, head_dim: int) -> tuple[float, float]:
