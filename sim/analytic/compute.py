@@ -54,11 +54,13 @@ def model_flops_per_token(m: ModelSpec, seq_len: int, *, causal: bool = False) -
 
 
 def step_flops(m: ModelSpec, seq_len: int, global_batch: int, *,
-               recompute: Recompute = Recompute.NONE, causal: bool = False) -> tuple[float, float]:
+               recompute: Recompute = Recompute.NONE, causal: bool = False,
+               recomputed_layers: int | None = None) -> tuple[float, float]:
     """(model FLOPs, hardware FLOPs) of one optimizer step over `global_batch` sequences.
 
     Hardware FLOPs add the recomputed forward: the whole block forward for full
-    recompute, the attention core for selective (Korthikanti et al. Sec. 5).
+    recompute (of `recomputed_layers` blocks, default all), the attention core for
+    selective (Korthikanti et al. Sec. 5).
     """
     tokens = seq_len * global_batch
     model = model_flops_per_token(m, seq_len, causal=causal) * tokens
@@ -69,7 +71,8 @@ def step_flops(m: ModelSpec, seq_len: int, global_batch: int, *,
         extra = per_seq.attention_core_forward
     else:
         extra = 0.0
-    return model, model + extra * m.layers * global_batch
+    layers = m.layers if recomputed_layers is None or recompute is not Recompute.FULL else recomputed_layers
+    return model, model + extra * layers * global_batch
 
 
 def megatron_flops_per_iteration(batch: int, seq_len: int, layers: int, hidden: int,

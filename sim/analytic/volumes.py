@@ -24,11 +24,12 @@ def _once(n_bytes: float, dp: int) -> float:
 
 def deepspeed_volume(tensors: list[tuple[int, bool]], dp: int, stage: int, *, grad_accum: int, elem: int,
                      clipping: bool, persistence_threshold: int = 100_000,
-                     multi_rank_allreduce: bool = True, full_recompute: bool = False,
+                     multi_rank_allreduce: bool = True, recompute_share: float = 0.0,
                      fp16: bool = False) -> dict[str, float]:
     """DeepSpeed ZeRO-0/1/2/3 (reference 1.5) over one rank's tensors (numel, in a block?),
     grad-norm all-reduce of 4 B when clipping. ZeRO-3 gathers each module for forward, for
-    backward and, with full recomputation, for the recomputed forward as well."""
+    backward and, for the share `recompute_share` of the blocks that full recomputation
+    runs again, for the recomputed forward as well (every block has the same tensors)."""
     numels = [n for n, _ in tensors]
     psi = sum(numels)
     out: dict[str, float] = {}
@@ -41,7 +42,7 @@ def deepspeed_volume(tensors: list[tuple[int, bool]], dp: int, stage: int, *, gr
         def gathered(in_blocks: bool) -> int:
             return sum(tensor_padded(n, dp) for n, block in tensors if block == in_blocks and n > persistence_threshold)
         persistent = sum(tensor_padded(n, dp) for n in numels if n <= persistence_threshold)
-        uses = gathered(True) * (3 if full_recompute else 2) + 2 * gathered(False)  # blocks are recomputed
+        uses = gathered(True) * (2 + recompute_share) + 2 * gathered(False)   # recomputed blocks: 3 gathers
         out["all_gather"] = grad_accum * _once(elem * uses, dp) + (_once(elem * persistent, dp) if persistent else 0.0)
         out["reduce_scatter"] = grad_accum * _once(elem * sum(tensor_padded(n, dp) for n in numels), dp)
         out["all_reduce"] = norm
@@ -114,14 +115,15 @@ def paper_volume(m: ModelSpec, dp: int, stage: int, *, grad_accum: int, elem: in
 
 def tensor_parallel_volume(blocks: int, embedding: bool, tp: int, *, seq_len: int, micro_batch: int,
                            hidden: int, elem: int, grad_accum: int, sequence_parallel: bool,
-                           full_recompute: bool) -> dict[str, float]:
+                           recomputed: int = 0) -> dict[str, float]:
     """Megatron: per block and micro-step 2 all-reduces of s b h forward, 2 backward, 2 more
-    when the forward is recomputed; one forward for a vocab-parallel embedding. Sequence
-    parallelism turns each into an all-gather plus a reduce-scatter (the same volume)."""
+    for each of the `recomputed` blocks whose forward runs again; one forward for a
+    vocab-parallel embedding. Sequence parallelism turns each into an all-gather plus a
+    reduce-scatter (the same volume)."""
     if tp == 1:
         return {}
     size = elem * seq_len * micro_batch * hidden
-    count = grad_accum * (blocks * (6 if full_recompute else 4) + (1 if embedding else 0))
+    count = grad_accum * (4 * blocks + 2 * recomputed + (1 if embedding else 0))
     if sequence_parallel:
         return {"all_gather": count * _once(size, tp), "reduce_scatter": count * _once(size, tp)}
     return {"all_reduce": count * _ar(size, tp)}

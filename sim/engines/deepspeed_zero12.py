@@ -23,7 +23,7 @@ from __future__ import annotations
 from sim.analytic.comm import flat_padded
 from sim.analytic.placement import TensorGroup, census_numel, rank_tensors
 from sim.analytic.volumes import deepspeed_volume
-from sim.core.enums import Coll, Recompute, ScheduleMode, ZeroStage
+from sim.core.enums import Coll, ScheduleMode, ZeroStage
 from sim.core.errors import InputError
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.buckets import DeepSpeedBucket
@@ -177,7 +177,13 @@ def deepspeed_dp_volume(s: Scenario) -> dict[str, float]:
                             grad_accum=t.grad_accum, elem=BYTES_PER_ELEMENT[t.precision.value],
                             clipping=t.gradient_clipping > 0, persistence_threshold=z.param_persistence_threshold,
                             multi_rank_allreduce=not (z.reduce_scatter and not z.use_multi_rank_bucket_allreduce),
-                            full_recompute=t.recompute is Recompute.FULL, fp16=t.precision.value == "fp16")
+                            recompute_share=recompute_share(s), fp16=t.precision.value == "fp16")
+
+
+def recompute_share(s: Scenario) -> float:
+    """The share of a stage's blocks whose forward full recomputation runs again."""
+    plan, blocks = s.training.recompute_plan, s.model.layers // s.parallel.pp
+    return plan.recomputed(blocks) / blocks if plan and blocks else 0.0
 
 
 def no_partitioned_gradients_with_pipelines(s: Scenario) -> None:

@@ -125,7 +125,9 @@ class Planner:
     # -- the skeleton ----------------------------------------------------------------------
     def trace(self, ms: int) -> list[Use]:
         """The order in which granules are used in micro-step `ms`: every forward, then block
-        by block from the last (recompute in forward order, then backward in reverse)."""
+        by block from the last: backward in reverse, and before the backward of a recompute
+        segment's last block the forward of the whole segment again, in forward order
+        (sim.analytic.recompute: every block its own segment, chunks of N, or the first N)."""
         uses = [Use(F, i, ms) for i in range(len(self.granules))]
         i = len(self.granules) - 1
         while i >= 0:
@@ -133,11 +135,40 @@ class Planner:
             j = i
             while j > 0 and block is not None and self.granules[j - 1].block == block:
                 j -= 1
-            if block is not None and self.t.recompute is act.Recompute.FULL:
-                uses += [Use(R, k, ms) for k in range(j, i + 1)]
+            segment = self.segment_of(block)
+            if segment is not None and block == segment[-1]:
+                uses += [Use(R, k, ms) for k, g in enumerate(self.granules) if g.block in segment]
             uses += [Use(B, k, ms) for k in range(i, j - 1, -1)]
             i = j - 1
         return uses
+
+    @cached_property
+    def _segments(self) -> dict[int, range]:
+        """Model block -> the recompute segment (model blocks) that holds it."""
+        plan = self.t.recompute_plan
+        if plan is None:
+            return {}
+        first = self.stage_index * (self.m.layers // self.layout.pp)
+        out = {}
+        for local in plan.segments(self.m.layers // self.layout.pp):
+            segment = range(first + local.start, first + local.stop)
+            out.update({b: segment for b in segment})
+        return out
+
+    def segment_of(self, block: int | None) -> range | None:
+        """The recompute segment of model block `block` (None: not recomputed)."""
+        return None if block is None else self._segments.get(block)
+
+    def kept_bytes(self, block: int | None) -> float:
+        """Activations block `block` keeps from its forward to its backward: its checkpoint
+        when it starts a recompute segment, nothing inside one, everything outside them
+        (and the recompute setting's own figure without full recomputation)."""
+        if self.t.recompute_plan is None:
+            return self.block_activation_bytes()
+        segment = self.segment_of(block)
+        if segment is None:
+            return self.block_activation_bytes(act.Recompute.NONE)
+        return self.block_activation_bytes(act.Recompute.FULL) if block == segment[0] else 0.0
 
     def build(self) -> Schedule:
         self.resident()
@@ -211,7 +242,7 @@ class Planner:
         if use.what is F:
             alloc: tuple[Alloc, ...] = ()
             if first_of_block:
-                alloc = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.block_activation_bytes()),)
+                alloc = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.kept_bytes(g.block)),)
             elif head:
                 alloc = (Alloc(Mem.ACTIVATIONS, "activations head", self.head_activation_bytes()),)
             op = self.compute(f"fwd {g.name}", Phase.FWD, use.micro_step, g.passes.forward, layer, deps,
@@ -235,8 +266,8 @@ class Planner:
                 self.tensor_parallel(use, 2)
             free: tuple[Alloc, ...] = ()
             if first_of_block:
-                free = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.block_activation_bytes()),)
-                if self.t.recompute is act.Recompute.FULL:
+                free = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.kept_bytes(g.block)),)
+                if self.segment_of(g.block) is not None:
                     full = self.block_activation_bytes(act.Recompute.NONE)
                     free += (Alloc(Mem.ACTIVATIONS, f"recomputed block {g.block}", full),)
             elif head:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from sim.analytic.recompute import UNIFORM, RecomputePlan, plan_of
 from sim.core.enums import (
     Algorithm,
     AttentionImpl,
@@ -76,6 +77,13 @@ class Training:
     partition_activations: bool  # ZeRO-R P_a (DeepSpeed activation_checkpointing)
     cpu_checkpointing: bool
     optimizer: OptimizerImpl = OptimizerImpl.FUSED   # how the Adam step runs
+    recompute_method: str = UNIFORM  # which blocks full recomputation checkpoints (sim.analytic.recompute)
+    recompute_layers: int = 1
+
+    @property
+    def recompute_plan(self) -> RecomputePlan | None:
+        """The checkpointed blocks of full recomputation; None without it."""
+        return plan_of(self.recompute, self.recompute_method, self.recompute_layers)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

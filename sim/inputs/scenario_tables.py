@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.analytic.recompute import METHODS, UNIFORM
 from sim.core import limits as L
 from sim.core.enums import OptimizerImpl, Recompute
 from sim.core.errors import InputError
@@ -24,6 +25,8 @@ TRAINING_KEYS = (
     Key("gradient_clipping", float, required=False, default=None, non_negative=True),
     Key("partition_activations", bool, required=False, default=False),
     Key("optimizer_implementation", str, required=False, default=None, choices=tuple(OptimizerImpl)),
+    Key("recompute_method", str, required=False, default=UNIFORM, choices=METHODS),
+    Key("recompute_num_layers", int, required=False, default=1, positive=True, maximum=L.MAX_LAYERS),
 )
 
 
@@ -33,6 +36,12 @@ def read_training(raw: Mapping[str, Any], source: Path, *, have_deepspeed: bool)
     if t["precision"] is None and not have_deepspeed:
         raise InputError(source, "training.precision", "missing required key; allowed: "
                          + ", ".join(PRECISIONS))
+    if t["recompute"] != Recompute.FULL:
+        for key, default in (("recompute_method", UNIFORM), ("recompute_num_layers", 1)):
+            if t[key] != default:
+                raise InputError(source, f"training.{key}", f"{t[key]!r} chooses the blocks of full "
+                                 f"recomputation, but recompute is {t['recompute']!r}; allowed: recompute = "
+                                 f"\"full\", or leave {key} out")
     return t
 
 

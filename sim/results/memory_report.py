@@ -20,6 +20,7 @@ from sim.analytic.memory import (
 )
 from sim.analytic.params import largest_module_params, total_params
 from sim.analytic.placement import block_params_per_rank, params_per_stage
+from sim.analytic.recompute import kept_activation_bytes
 from sim.core.enums import Convention, ScheduleMode, ZeroStage
 from sim.engines.plan import model_of, resident_memory
 from sim.engines.resident import Resident
@@ -205,14 +206,19 @@ def _activations(s: Scenario, pp_stage: int) -> float:
     inflight = act.inflight_microbatches(p.pp, t.grad_accum, pp_stage)
     per_layer = act.layer_activation_bytes(m, t.seq_len, t.micro_batch, recompute=t.recompute, tp=p.tp,
                                            sequence_parallel=p.sequence_parallel, value_bytes=value_bytes)
-    if t.recompute is act.Recompute.FULL:
+    plan = t.recompute_plan
+    if plan is not None:
         if t.partition_activations and not p.sequence_parallel:
             per_layer /= p.tp  # ZeRO-R P_a: each TP rank keeps 1/t of every checkpoint
         if t.cpu_checkpointing:
             per_layer = 0.0    # checkpoints live in host memory
-    total = layers * per_layer * inflight
-    total += act.recompute_working_bytes(m, t.seq_len, t.micro_batch, recompute=t.recompute, tp=p.tp,
-                                         sequence_parallel=p.sequence_parallel, value_bytes=value_bytes)
+    full = act.layer_activation_bytes(m, t.seq_len, t.micro_batch, recompute=act.Recompute.NONE, tp=p.tp,
+                                      sequence_parallel=p.sequence_parallel, value_bytes=value_bytes)
+    total = kept_activation_bytes(layers, plan, full=per_layer if plan is None else full,
+                                  checkpoint=per_layer) * inflight
+    working = plan.working(layers) if plan is not None else 0
+    total += working * act.recompute_working_bytes(m, t.seq_len, t.micro_batch, recompute=t.recompute, tp=p.tp,
+                                                   sequence_parallel=p.sequence_parallel, value_bytes=value_bytes)
     if pp_stage == p.pp - 1:
         total += act.outside_layers_activation_bytes(m, t.seq_len, t.micro_batch, tp=p.tp,
                                                      value_bytes=value_bytes)

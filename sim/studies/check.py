@@ -35,9 +35,10 @@ def expected_volume(s: Scenario) -> dict[str, float]:
     p, t = s.parallel, s.training
     shape = dict(seq_len=t.seq_len, micro_batch=t.micro_batch, hidden=s.model.hidden, grad_accum=t.grad_accum)
     blocks = s.model.layers // p.pp
+    plan = t.recompute_plan
     tp = tensor_parallel_volume(blocks, True, p.tp, elem=BYTES_PER_ELEMENT[t.precision.value],
-                                sequence_parallel=p.sequence_parallel, full_recompute=t.recompute.value == "full",
-                                **shape)
+                                sequence_parallel=p.sequence_parallel,
+                                recomputed=plan.recomputed(blocks) if plan else 0, **shape)
     pipe = pipeline_volume(0, p.pp, tp=p.tp, sequence_parallel=p.sequence_parallel, **shape)
     return add(expected_dp_volume(s), tp, pipe)
 

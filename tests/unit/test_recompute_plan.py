@@ -1,0 +1,99 @@
+"""Which blocks full recomputation checkpoints: Megatron's uniform chunks of N blocks and
+its block method (the first N blocks of a stage), in the planner, the memory report and
+the analytic twin."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sim.analytic.recompute import RecomputePlan
+from sim.core.errors import InputError
+from sim.engines.schedule import Compute, Mem
+from sim.inputs.load import scenario_from_table
+from sim.results.memory_report import scenario_report
+from sim.simulate import simulate
+from sim.studies.check import check_rows, holds
+from tests.crosscheck.scenarios import TINY_MODEL, tiny, without_host
+
+DEEP = {**TINY_MODEL, "layers": 8}
+
+
+def with_plan(s, method: str, layers: int):
+    return replace(s, training=replace(s.training, recompute_method=method, recompute_layers=layers))
+
+
+def scenario(strategy: str = "ds-zero1", method: str = "uniform", layers: int = 1, **kw):
+    return without_host(with_plan(tiny(strategy, recompute="full", model=DEEP, **kw), method, layers))
+
+
+def test_segments_follow_megatrons_uniform_and_block_methods():
+    assert [list(r) for r in RecomputePlan("uniform", 3).segments(8)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert [list(r) for r in RecomputePlan("block", 3).segments(8)] == [[0], [1], [2]]
+    assert RecomputePlan("uniform", 3).recomputed(8) == 8 and RecomputePlan("block", 3).recomputed(8) == 3
+    assert RecomputePlan("uniform", 3).working(8) == 3 and RecomputePlan("block", 9).working(8) == 1
+
+
+def recomputed_blocks(r) -> list[int]:
+    ops = [op for op in r.schedule.ops(0) if isinstance(op, Compute) and op.name.startswith("recompute")]
+    return sorted({op.layer for op in ops if op.micro_step == 0})
+
+
+def activation_peak(r) -> float:
+    return r.peak_pool().peak_breakdown.get(Mem.ACTIVATIONS, 0.0)
+
+
+def test_uniform_chunks_recompute_the_same_work_with_fewer_checkpoints_and_a_larger_working_set():
+    one, four = (simulate(scenario(layers=n)) for n in (1, 4))
+    assert recomputed_blocks(one) == recomputed_blocks(four) == list(range(8))
+    assert four.breakdown.compute_s == pytest.approx(one.breakdown.compute_s, rel=1e-9)
+    assert four.hardware_flops == one.hardware_flops
+    # a chunk of four recomputed at once: more live at the peak than one block at a time
+    assert activation_peak(four) > activation_peak(one)
+
+
+def test_the_block_method_recomputes_only_the_first_n_blocks():
+    runs = {n: simulate(scenario(method="block", layers=n)) for n in (2, 8)}
+    assert recomputed_blocks(runs[2]) == [0, 1]
+    assert recomputed_blocks(runs[8]) == list(range(8))
+    assert runs[2].breakdown.compute_s < runs[8].breakdown.compute_s
+    assert runs[2].hardware_flops < runs[8].hardware_flops
+    assert activation_peak(runs[2]) > activation_peak(runs[8])   # six blocks keep everything
+
+
+@pytest.mark.parametrize(("method", "layers"), [("uniform", 3), ("block", 2)])
+@pytest.mark.parametrize("strategy", ["ds-zero3-tp2-full-recompute", "ds-zero1-tp2-pp2", "fsdp2"])
+def test_des_agrees_with_the_analytic_twin(strategy, method, layers):
+    r = simulate(with_plan(tiny(strategy, recompute="full", model=DEEP), method, layers))
+    for name, des, analytic, relation in check_rows(r):
+        assert holds(des, analytic, relation), (name, des, analytic, relation)
+
+
+def test_the_memory_report_bounds_the_planners_activations_and_moves_with_them():
+    # the report adds the recompute working set to every checkpoint and the head at once: an
+    # upper estimate of the planner's peak, in the same order across the methods
+    cases = [("uniform", 1), ("uniform", 2), ("uniform", 4), ("block", 3), ("block", 1)]
+    report, des = [], []
+    for method, layers in cases:
+        s = scenario(method=method, layers=layers, grad_accum=1)
+        report.append(scenario_report(s).rows[0].activations_bytes)
+        des.append(activation_peak(simulate(s)))
+    assert all(r >= d for r, d in zip(report, des)), (report, des)
+    assert sorted(range(len(cases)), key=report.__getitem__) == sorted(range(len(cases)), key=des.__getitem__)
+
+
+def table(**training) -> dict:
+    return {"model": TINY_MODEL, "cluster": "dgx-a100-80g", "nodes": 1, "zero": {"stage": 1},
+            "training": {"seq_len": 512, "micro_batch": 2, "grad_accum": 1, "precision": "bf16", **training}}
+
+
+def test_the_keys_need_full_recomputation():
+    s = scenario_from_table(table(recompute="full", recompute_method="block", recompute_num_layers=2),
+                            Path("s.toml"), "s")
+    assert s.training.recompute_plan == RecomputePlan("block", 2)
+    with pytest.raises(InputError, match="training.recompute_num_layers.*recompute = \"full\""):
+        scenario_from_table(table(recompute="selective", recompute_num_layers=2), Path("s.toml"), "s")
+    with pytest.raises(InputError, match="training.recompute_method.*uniform, block"):
+        scenario_from_table(table(recompute="full", recompute_method="every"), Path("s.toml"), "s")
