@@ -115,18 +115,23 @@ def paper_volume(m: ModelSpec, dp: int, stage: int, *, grad_accum: int, elem: in
 
 def tensor_parallel_volume(blocks: int, embedding: bool, tp: int, *, seq_len: int, micro_batch: int,
                            hidden: int, elem: int, grad_accum: int, sequence_parallel: bool,
-                           recomputed: int = 0) -> dict[str, float]:
+                           recomputed: int = 0, checkpoint_gathers: int = 0) -> dict[str, float]:
     """Megatron: per block and micro-step 2 all-reduces of s b h forward, 2 backward, 2 more
     for each of the `recomputed` blocks whose forward runs again; one forward for a
     vocab-parallel embedding. Sequence parallelism turns each into an all-gather plus a
-    reduce-scatter (the same volume)."""
+    reduce-scatter (the same volume). DeepSpeed's partitioned checkpoints add one s b h
+    all-gather per checkpoint (`checkpoint_gathers` per micro-step) before recomputation."""
     if tp == 1:
         return {}
     size = elem * seq_len * micro_batch * hidden
     count = grad_accum * (4 * blocks + 2 * recomputed + (1 if embedding else 0))
+    gathers = grad_accum * checkpoint_gathers * _once(size, tp)
     if sequence_parallel:
-        return {"all_gather": count * _once(size, tp), "reduce_scatter": count * _once(size, tp)}
-    return {"all_reduce": count * _ar(size, tp)}
+        return {"all_gather": count * _once(size, tp) + gathers, "reduce_scatter": count * _once(size, tp)}
+    out = {"all_reduce": count * _ar(size, tp)}
+    if gathers:
+        out["all_gather"] = gathers
+    return out
 
 
 def pipeline_volume(stage: int, pp: int, *, seq_len: int, micro_batch: int, hidden: int, tp: int,

@@ -241,6 +241,9 @@ class Planner:
         op: OpRef
         if use.what is F:
             alloc: tuple[Alloc, ...] = ()
+            if first_of_block and self.starts_segment(g.block) and self.t.cpu_checkpointing:
+                self.copy(Stream.D2H, self.checkpoint_bytes(), f"checkpoint of block {g.block} to the host", Phase.FWD,
+                          use.micro_step, stream=Stream.COMPUTE, layer=layer)
             if first_of_block:
                 alloc = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.kept_bytes(g.block)),)
             elif head:
@@ -251,6 +254,8 @@ class Planner:
                 op = self.tensor_parallel(use, 2 if last_of_block else 1) or op
         elif use.what is R:
             alloc = ()
+            if first_of_block and self.starts_segment(g.block):
+                self.restore_checkpoint(use)
             if first_of_block:
                 full = self.block_activation_bytes(act.Recompute.NONE)
                 alloc = (Alloc(Mem.ACTIVATIONS, f"recomputed block {g.block}", full),)
@@ -275,6 +280,39 @@ class Planner:
             op = self.compute(f"bwd-weight {g.name}", Phase.BWD, use.micro_step, g.passes.backward_weight, layer,
                               free=free, join=join)
         self.after_use(use, op)
+
+    def starts_segment(self, block: int | None) -> bool:
+        segment = self.segment_of(block)
+        return segment is not None and block == segment[0]
+
+    def checkpoint_bytes(self) -> float:
+        """What a rank stores of one checkpoint: the block input (1/t of it with sequence
+        parallelism, or with DeepSpeed's partitioned activations)."""
+        p = self.s.parallel
+        full = act.layer_activation_bytes(self.m, self.t.seq_len, self.t.micro_batch, tp=p.tp,
+                                          sequence_parallel=p.sequence_parallel, recompute=act.Recompute.FULL,
+                                          value_bytes=self.elem(self.half))
+        return full / p.tp if self.partitioned_checkpoints() else full
+
+    def partitioned_checkpoints(self) -> bool:
+        """DeepSpeed's `partition_activations` splits each checkpoint over the TP group
+        (with sequence parallelism it is split already)."""
+        p = self.s.parallel
+        return self.t.partition_activations and p.tp > 1 and not p.sequence_parallel
+
+    def restore_checkpoint(self, use: Use) -> None:
+        """Before a segment is recomputed (deepspeed/runtime/activation_checkpointing/
+        checkpointing.py `CheckpointFunction.backward`): the checkpoint comes back from the
+        host (`cpu_checkpointing`, a blocking H2D copy) and its partitions are all-gathered
+        over the TP group (`partition_activations`), both on the compute stream."""
+        block = self.granules[use.index].block
+        if self.t.cpu_checkpointing:
+            self.copy(Stream.H2D, self.checkpoint_bytes(), f"checkpoint of block {block} from the host", Phase.BWD,
+                      use.micro_step, stream=Stream.COMPUTE, layer=block)
+        if self.partitioned_checkpoints():
+            self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.checkpoint_bytes() * self.s.parallel.tp,
+                            "all-gather partitioned checkpoint", Phase.BWD, use.micro_step, axis=Axis.TP,
+                            layer=block, purpose="checkpoint")
 
     def tensor_parallel(self, use: Use, count: int) -> OpRef | None:
         """Megatron tensor parallelism (Shoeybi et al. 2019 Sec. 3): per block two

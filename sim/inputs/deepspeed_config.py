@@ -34,7 +34,7 @@ NOT_SIMULATED = {"prescale_gradients": False, "gradient_predivide_factor": 1.0, 
                  "gradient_accumulation_dtype": None}
 CHECKPOINT_KEYS = (   # activation_checkpointing (deepspeed/runtime/activation_checkpointing/config.py)
     Key("partition_activations", bool, required=False, default=False),
-    Key("cpu_checkpointing", bool, required=False, default=False, not_simulated=True),   # its PCIe copies
+    Key("cpu_checkpointing", bool, required=False, default=False),   # D2H in forward, H2D before recompute
     Key("contiguous_memory_optimization", bool, required=False, default=False, not_simulated=True),
     Key("number_checkpoints", int, required=False, default=None, positive=True, not_simulated=True),
     Key("synchronize_checkpoint_boundary", bool, required=False, default=False, not_simulated=True),

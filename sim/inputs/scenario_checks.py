@@ -13,14 +13,12 @@ from pathlib import Path
 from sim.core.errors import InputError
 from sim.core.model import Position
 from sim.inputs.scenario import Scenario
-from sim.inputs.schema import NOT_SIMULATED_YET
 
 
 def check_scenario(s: Scenario, source: Path) -> None:
     """Raise InputError for the first rule `s` breaks."""
     _check_shapes(s, source)
     _check_precision(s, source)
-    _check_simulated(s, source)
 
 
 def _check_shapes(s: Scenario, source: Path) -> None:
@@ -45,14 +43,3 @@ def _check_precision(s: Scenario, source: Path) -> None:
     gpu = s.cluster.gpu
     if s.training.precision == "bf16" and gpu.bf16_flops == 0:
         raise InputError(source, "training.precision", f"{gpu.name} has no bf16; allowed: fp16, fp32")
-
-
-def _check_simulated(s: Scenario, source: Path) -> None:
-    """What no engine simulates yet (each engine's own limits are its model's checks,
-    sim.engines.plan.model_of, which every command goes through)."""
-    t, p = s.training, s.parallel
-    if t.partition_activations and p.tp > 1 and t.recompute.value == "full" and not p.sequence_parallel:
-        raise InputError(source, "training.partition_activations", f"partitioned checkpoints with tp = {p.tp} "
-                         f"and full recomputation: {NOT_SIMULATED_YET} (the all-gather of each checkpoint before "
-                         "its recomputation); allowed: false (also the DeepSpeed config's "
-                         "activation_checkpointing.partition_activations)")

@@ -97,3 +97,27 @@ def test_the_keys_need_full_recomputation():
         scenario_from_table(table(recompute="selective", recompute_num_layers=2), Path("s.toml"), "s")
     with pytest.raises(InputError, match="training.recompute_method.*uniform, block"):
         scenario_from_table(table(recompute="full", recompute_method="every"), Path("s.toml"), "s")
+
+
+def checkpointed(strategy: str, *, partition: bool = False, cpu: bool = False, **kw):
+    s = tiny(strategy, recompute="full", model=DEEP, **kw)
+    return replace(s, training=replace(s.training, partition_activations=partition, cpu_checkpointing=cpu))
+
+
+def test_partitioned_checkpoints_are_gathered_over_tp_before_each_recomputation():
+    plain, split = (simulate(checkpointed("ds-zero1-tp2-pp2", partition=p)) for p in (False, True))
+    gathers = [op for op in split.schedule.ops(0) if op.name == "all-gather partitioned checkpoint"]
+    assert len(gathers) == 4 * split.scenario.training.grad_accum        # 4 blocks on stage 0, one each
+    assert not [op for op in plain.schedule.ops(0) if op.name == "all-gather partitioned checkpoint"]
+    for name, des, analytic, relation in check_rows(split):
+        assert holds(des, analytic, relation), (name, des, analytic, relation)
+
+
+def test_cpu_checkpoints_cross_pcie_both_ways_and_leave_the_device():
+    on_device, on_host = (simulate(checkpointed("ds-zero2", cpu=c)) for c in (False, True))
+    copies = [op for op in on_host.schedule.ops(0) if "checkpoint of block" in op.name]
+    per_step = 8 * on_host.scenario.training.grad_accum
+    assert len([op for op in copies if "to the host" in op.name]) == per_step
+    assert len([op for op in copies if "from the host" in op.name]) == per_step
+    assert activation_peak(on_host) < activation_peak(on_device)
+    assert on_host.step_time_s > on_device.step_time_s
