@@ -27,7 +27,10 @@ megatron/core/optimizer/distrib_optimizer.py; Transformer Engine 1.9 userbuffers
 
 Not simulated (small beside the above): the tied-embedding gradient all-reduce between the
 first and last pipeline stages, the sequence-parallel norm-gradient all-reduce over TP, the
-distributed optimizer's separate bucket for a shared embedding.
+distributed optimizer's separate bucket for a shared embedding; the 4-byte grad-norm and
+fp16 found-inf all-reduces run over the data-parallel group here (Megatron reduces them over
+the model-parallel group, or all ranks with the distributed optimizer), in the planner and
+its twin alike.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ from sim.engines.layout import Layout
 from sim.engines.model import EngineModel
 from sim.engines.policies import GpuAdam
 from sim.engines.resident import Resident, resident
-from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, Stream
-from sim.engines.skeleton import B, F, Planner, R, Use
+from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, PipeTag, Stream
+from sim.engines.skeleton import B, F, Planner, Use
 from sim.inputs.scenario import Scenario
 from sim.inputs.scenario_tables import MegatronConfig
 
@@ -96,6 +99,7 @@ class MegatronPlanner(Planner):
         self.gathers: dict[int, OpRef] = {}
         self.tp_overlap = self.c.tp_comm_overlap and layout.tp > 1
         self.block_start: OpRef | None = None
+        self.tp_last: OpRef | None = None      # the newest overlapped TP collective
 
     def resident_allocations(self, census: list[TensorGroup]) -> Resident:
         return megatron_resident(self.s, census)
@@ -114,6 +118,19 @@ class MegatronPlanner(Planner):
         return not ((opens or closes) and use.index in self.owner)
 
     # -- tensor parallelism ------------------------------------------------------------------
+    def receive(self, ms: int, direction: Direction) -> None:
+        """The overlapped TP collectives of a pass wait for the pipeline send it starts from,
+        as its compute does."""
+        super().receive(ms, direction)
+        if self.tp_overlap and self.receives(direction):
+            self.b.stream_receive(Stream.TP, PipeTag(direction, ms))
+
+    def send(self, ms: int, direction: Direction) -> None:
+        """A pipeline send leaves after the TP collectives that finish its tensor."""
+        if self.tp_overlap and self.tp_last is not None:
+            self.b.stream_wait(Stream.P2P, self.tp_last)
+        super().send(ms, direction)
+
     def emit(self, use: Use) -> None:
         """Note where the compute of a block's pass starts (the TP overlap's cover begins)."""
         if self.tp_overlap and self._starts_block_pass(use):
@@ -136,7 +153,7 @@ class MegatronPlanner(Planner):
         if not self.tp_overlap or g.block is None:
             return super().tensor_parallel(use, count)
         nbytes = self.elem(self.half) * self.t.seq_len * self.t.micro_batch * self.m.hidden
-        phase = Phase.FWD if use.what in (F, R) else Phase.BWD
+        phase = Phase.FWD if use.what is F else Phase.BWD
         last: OpRef | None = None
         for _ in range(count):
             for coll in (Coll.ALL_GATHER, Coll.REDUCE_SCATTER):
@@ -144,6 +161,7 @@ class MegatronPlanner(Planner):
                                        phase, use.micro_step, axis=Axis.TP, deps=[self.block_start],
                                        layer=g.block, purpose="tensor parallel")
         self.wait_before_next_compute(last)
+        self.tp_last = last
         return None
 
     # -- data parallelism --------------------------------------------------------------------
@@ -201,7 +219,8 @@ class MegatronPlanner(Planner):
                             self.boundary, purpose="overflow check")
         norm = self.grad_norm()
         params = self.padded / self.dp if self.c.distributed_optimizer else float(self.psi)
-        tensors = sum(len(g.tensors) for g in self.granules)
+        tensors = sum(len(g.tensors) for g in self.granules)   # the shard's main params: about 1/dp of them
+        tensors = -(-tensors // self.dp) if self.c.distributed_optimizer else tensors
         self.optimizer(GpuAdam(self.t.optimizer, tensors), params, [norm])
         if self.c.distributed_optimizer and not self.c.overlap_param_gather:
             for k in self.forward_order:
@@ -211,8 +230,9 @@ class MegatronPlanner(Planner):
         c = self.c
         what = "distributed optimizer (reduce-scatter + all-gather)" if c.distributed_optimizer else \
             "all-reduce, replicated optimizer"
+        grads = "fp32" if self.grad_bytes == 4 else self.t.precision.value
         return [f"Megatron-Core: {what}; {len(self.buckets)} gradient bucket(s) on stage {self.stage_index}, "
-                f"fp{8 * self.grad_bytes} gradients; overlap_grad_reduce={c.overlap_grad_reduce}, "
+                f"{grads} gradients; overlap_grad_reduce={c.overlap_grad_reduce}, "
                 f"overlap_param_gather={c.overlap_param_gather}, tp_comm_overlap={c.tp_comm_overlap}"]
 
 
@@ -230,8 +250,9 @@ def megatron_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
     if c.distributed_optimizer:
         unit = math.lcm(dp, MEGATRON_BUCKET_ALIGN)
         shard = -(-psi // unit) * unit / dp
+    grads = "fp32" if gb == 4 else s.training.precision.value
     return resident(s, [Alloc(Mem.PARAMS, f"{8 * half}-bit parameters", half * psi),
-                        Alloc(Mem.GRADS, f"fp{8 * gb} gradient buffer", gb * psi),
+                        Alloc(Mem.GRADS, f"{grads} gradient buffer", gb * psi),
                         Alloc(Mem.OPTIMIZER, "fp32 master, Adam m and v" if half < 4 else "Adam m and v",
                               states * shard)], [])
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from sim.analytic.placement import TensorGroup, census_numel
 from sim.analytic.volumes import paper_volume
-from sim.core.enums import Coll, ScheduleMode, ZeroStage
+from sim.core.enums import Coll, OptimizerImpl, ScheduleMode, ZeroStage
 from sim.core.errors import InputError
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.layout import Layout
@@ -117,7 +117,7 @@ class PaperPlanner(Planner):
 
     def optimizer_step(self) -> None:
         # idealised: no gradient clipping all-reduce
-        self.optimizer(GpuAdam(self.t.optimizer), self.psi / (self.dp if self.stage >= ZeroStage.OPTIMIZER else 1))
+        self.optimizer(GpuAdam(OptimizerImpl.FUSED), self.psi / (self.dp if self.stage >= ZeroStage.OPTIMIZER else 1))
         if self.stage in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS):
             self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * self.psi, "all-gather parameters",
                             Phase.STEP, self.boundary, purpose="post-step")

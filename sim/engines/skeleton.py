@@ -213,11 +213,15 @@ class Planner:
         p = self.s.parallel
         return 2.0 * self.t.seq_len * self.t.micro_batch * self.m.hidden / (p.tp if p.sequence_parallel else 1)
 
+    def receives(self, direction: Direction) -> bool:
+        """Does this stage's pass in `direction` start from a neighbouring stage's send?"""
+        last = self.layout.pp - 1
+        return (direction is Direction.FORWARD and self.stage_index > 0) or \
+            (direction is Direction.BACKWARD and self.stage_index < last)
+
     def receive(self, ms: int, direction: Direction) -> None:
         """The next compute op waits for the neighbouring stage's send."""
-        last = self.layout.pp - 1
-        if (direction is Direction.FORWARD and self.stage_index > 0) or \
-                (direction is Direction.BACKWARD and self.stage_index < last):
+        if self.receives(direction):
             self.b.stream_receive(Stream.COMPUTE, PipeTag(direction, ms))
 
     def send(self, ms: int, direction: Direction) -> None:

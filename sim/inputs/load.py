@@ -180,9 +180,14 @@ def _engine(top: Mapping[str, Any], source: Path) -> Engine:
     implied = next((e for e in (Engine.DEEPSPEED, Engine.FSDP2, Engine.MEGATRON) if tables[e]), Engine.DDP)
     engine = Engine(top["engine"]) if top["engine"] else implied
     own = Engine.DDP if engine is Engine.DDP_ZERO_REDUNDANCY else engine
-    if any(given for e, given in tables.items() if e is not own):
-        raise InputError(source, "engine", f"engine '{engine}' does not match the [zero] / deepspeed / "
-                         "[fsdp] / [ddp] / [megatron] settings given")
+    names = {Engine.DEEPSPEED: "[zero] / deepspeed", Engine.FSDP2: "[fsdp]", Engine.MEGATRON: "[megatron]",
+             Engine.DDP: "[ddp]"}
+    clashing = [names[e] for e, given in tables.items() if given and e is not own]
+    if clashing:
+        how = "given" if top["engine"] else f"implied by {names[own]}"
+        raise InputError(source, "engine", f"engine '{engine}' ({how}) does not match the "
+                         f"{' and '.join(clashing)} settings given; each engine takes only its own table: "
+                         + ", ".join(f"{e} {t}" for e, t in names.items()))
     return engine
 
 

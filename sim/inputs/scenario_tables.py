@@ -160,6 +160,10 @@ def megatron_from_table(raw: Mapping[str, Any], source: Path) -> MegatronConfig:
     if v["overlap_param_gather"] and not v["distributed_optimizer"]:
         raise InputError(source, "megatron.overlap_param_gather", "needs distributed_optimizer = true "
                          "(Megatron: '--overlap-param-gather only supported with distributed optimizer')")
+    if v["bucket_size"] is not None and not v["overlap_grad_reduce"]:
+        raise InputError(source, "megatron.bucket_size", f"{v['bucket_size']} has no effect without "
+                         "overlap_grad_reduce = true (Megatron reduces one bucket after backward then); "
+                         "allowed: overlap_grad_reduce = true, or leave bucket_size out")
     if v["overlap_param_gather"] and not v["overlap_grad_reduce"]:
         raise InputError(source, "megatron.overlap_param_gather", "needs overlap_grad_reduce = true "
                          "(Megatron asserts --overlap-grad-reduce with --overlap-param-gather)")

@@ -199,7 +199,10 @@ def _row(stage: ZeroStage, states: ModelStateBytes, activ: float, buffers: float
 
 
 def _activations(s: Scenario, pp_stage: int) -> float:
-    """Activations held by one rank of pipeline stage `pp_stage` at its peak (1F1B)."""
+    """Activations held by one rank of pipeline stage `pp_stage` at its peak (1F1B): an
+    upper estimate, with every kept activation, the head's and the recompute working set
+    (N blocks for uniform chunks of N) counted at once, where the planner frees the head
+    before it recomputes (tests/unit/test_recompute_plan.py)."""
     m, p, t = s.model, s.parallel, s.training
     value_bytes = 4 if t.precision.value == "fp32" else 2
     layers = m.layers // p.pp

@@ -116,5 +116,13 @@ def test_tp_comm_overlap_without_sequence_parallelism_is_refused():
 def test_a_megatron_table_under_another_engine_is_refused():
     t = table()
     t["engine"] = "ddp"
-    with pytest.raises(InputError, match="engine 'ddp' does not match"):
+    with pytest.raises(InputError, match=r"engine 'ddp' \(given\) does not match the \[megatron\] settings"):
         scenario_from_table(t, Path("s.toml"), "s")
+    t = {**table(), "ddp": {}}
+    with pytest.raises(InputError, match=r"engine 'megatron' \(implied by \[megatron\]\) does not match the \[ddp\]"):
+        scenario_from_table(t, Path("s.toml"), "s")
+
+
+def test_a_bucket_size_without_overlapped_reduction_is_refused():
+    with pytest.raises(InputError, match="megatron.bucket_size.*overlap_grad_reduce = true"):
+        scenario_from_table(table(bucket_size=1000), Path("s.toml"), "s")
