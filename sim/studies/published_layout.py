@@ -144,7 +144,8 @@ def zero_stage(zs: str, fw: str, notes: list[str]) -> int:
 def ds_offload(text: str, stage: int, notes: list[str]) -> dict[str, str]:
     """DeepSpeed offload keys from the offload cell, clause by clause (';'): the device each
     clause names (nvme / cpu; none = GPU) for the optimizer (gradients go with it) and, at
-    stage 3, the parameters. Activation offload is not simulated and is recorded as ignored."""
+    stage 3, the parameters. Activation offload is recorded, not applied: the shipped fit
+    was made before cpu_checkpointing was simulated."""
     low = " ".join(text.lower().split())
     if is_blank(low) or low in ("none", "no"):
         return {}
@@ -168,7 +169,9 @@ def ds_offload(text: str, stage: int, notes: list[str]) -> dict[str, str]:
             out.setdefault("offload_param", device)
             named = True
         if "activation" in clause:
-            notes.append("activation checkpoints offloaded to CPU: not simulated, ignored")
+            notes.append("activation checkpoints offloaded to CPU per the source: not applied to this row "
+                         "(the shipped fit predates cpu_checkpointing in the simulator; the next refit should "
+                         "set it)")
             named = True
         if not named:
             raise Unusable(f"offload placement not stated ({quote(text)})")
