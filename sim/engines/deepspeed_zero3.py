@@ -80,7 +80,8 @@ class Zero3Planner(Planner):
         self.bucket = DeepSpeedBucket(self.z.reduce_bucket_size)
         self.bucket_padded = 0
         self.bucket_tensors = 0
-        self.to_unpack: dict[OpRef, list[Fetch]] = {}    # coalesced gathers not yet waited for
+        self.to_unpack: dict[OpRef, tuple[int, int]] = {}   # coalesced gathers not yet waited for:
+                                                            # (elements, tensors)
         self.reductions: deque[OpRef] = deque()
         self.last_reduction: OpRef | None = None
         self.offload_copies: list[OpRef] = []
@@ -238,8 +239,9 @@ class Zero3Planner(Planner):
         ag = self.collective(Stream.ALLGATHER, Coll.ALL_GATHER, self.h * padded, f"all-gather {names}",
                              self._phase(use), ms, deps=deps, alloc=alloc,
                              layer=self.granules[use.index].block, purpose=purpose)
-        if sum(k.tensors for k in batch) > 1:
-            self.to_unpack[ag] = batch
+        tensors = sum(k.tensors for k in batch)
+        if tensors > 1:
+            self.to_unpack[ag] = (sum(k.numel for k in batch), tensors)
         return ag
 
     def _unpack(self, ag: OpRef, ms: int, use: Use) -> None:
@@ -248,13 +250,13 @@ class Zero3Planner(Planner):
         parameters: per tensor, a Python loop over the ranks (narrow, append, record_stream)
         and one torch.cat of the dp pieces on the compute stream (a copy of every gathered
         element). A single tensor's gather lands in place (`AllGatherHandle`)."""
-        batch = self.to_unpack.pop(ag, None)
-        if batch is None:
+        gathered = self.to_unpack.pop(ag, None)
+        if gathered is None:
             return
-        elements = sum(k.numel for k in batch)
+        elements, tensors = gathered
         copy = kn.memory("torch.cat of the gathered pieces", 2.0 * self.h * elements)
         self.compute("unpack coalesced all-gather", self._phase(use), ms, (copy,), self.granules[use.index].block
-                     if use.what is not C else None, pieces=self.dp * sum(k.tensors for k in batch))
+                     if use.what is not C else None, pieces=self.dp * tensors)
 
     def _phase(self, use: Use) -> Phase:
         return Phase.BWD if self._in_backward else Phase.FWD

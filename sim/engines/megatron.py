@@ -59,13 +59,17 @@ def config(s: Scenario) -> MegatronConfig:
     return s.megatron
 
 
-def grad_bytes(s: Scenario) -> int:
+def grad_dtype(s: Scenario) -> str:
     """Gradient buffer and reduction dtype: fp32 with bf16 (Megatron forces it), else the
     training dtype, unless `grad_reduce_in_fp32` says otherwise."""
     fp32 = config(s).grad_reduce_in_fp32
     if fp32 is None:
         fp32 = s.training.precision.value in ("bf16", "fp32")
-    return 4 if fp32 else BYTES_PER_ELEMENT[s.training.precision.value]
+    return "fp32" if fp32 else s.training.precision.value
+
+
+def grad_bytes(s: Scenario) -> int:
+    return BYTES_PER_ELEMENT[grad_dtype(s)]
 
 
 def bucket_capacity(s: Scenario, stage: int) -> int | None:
@@ -230,9 +234,8 @@ class MegatronPlanner(Planner):
         c = self.c
         what = "distributed optimizer (reduce-scatter + all-gather)" if c.distributed_optimizer else \
             "all-reduce, replicated optimizer"
-        grads = "fp32" if self.grad_bytes == 4 else self.t.precision.value
         return [f"Megatron-Core: {what}; {len(self.buckets)} gradient bucket(s) on stage {self.stage_index}, "
-                f"{grads} gradients; overlap_grad_reduce={c.overlap_grad_reduce}, "
+                f"{grad_dtype(self.s)} gradients; overlap_grad_reduce={c.overlap_grad_reduce}, "
                 f"overlap_param_gather={c.overlap_param_gather}, tp_comm_overlap={c.tp_comm_overlap}"]
 
 
@@ -250,9 +253,8 @@ def megatron_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
     if c.distributed_optimizer:
         unit = math.lcm(dp, MEGATRON_BUCKET_ALIGN)
         shard = -(-psi // unit) * unit / dp
-    grads = "fp32" if gb == 4 else s.training.precision.value
     return resident(s, [Alloc(Mem.PARAMS, f"{8 * half}-bit parameters", half * psi),
-                        Alloc(Mem.GRADS, f"{grads} gradient buffer", gb * psi),
+                        Alloc(Mem.GRADS, f"{grad_dtype(s)} gradient buffer", gb * psi),
                         Alloc(Mem.OPTIMIZER, "fp32 master, Adam m and v" if half < 4 else "Adam m and v",
                               states * shard)], [])
 

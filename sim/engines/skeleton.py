@@ -96,13 +96,12 @@ class Planner:
         return self._activation_bytes[rc]
 
     def _block_activation_bytes(self, rc: act.Recompute) -> float:
+        if rc is act.Recompute.FULL:     # the checkpoint, unless it lives on the host
+            return 0.0 if self.t.cpu_checkpointing else self.checkpoint_bytes
         p = self.s.parallel
-        per = act.layer_activation_bytes(self.m, self.t.seq_len, self.t.micro_batch, tp=p.tp,
-                                         sequence_parallel=p.sequence_parallel, recompute=rc,
-                                         value_bytes=self.elem(self.half))
-        if rc is act.Recompute.FULL and self.t.partition_activations and not p.sequence_parallel:
-            per /= p.tp
-        return 0.0 if rc is act.Recompute.FULL and self.t.cpu_checkpointing else per
+        return act.layer_activation_bytes(self.m, self.t.seq_len, self.t.micro_batch, tp=p.tp,
+                                          sequence_parallel=p.sequence_parallel, recompute=rc,
+                                          value_bytes=self.elem(self.half))
 
     # -- op helpers ------------------------------------------------------------------------
     def wait_before_next_compute(self, ref: OpRef | None) -> None:
@@ -136,8 +135,8 @@ class Planner:
             while j > 0 and block is not None and self.granules[j - 1].block == block:
                 j -= 1
             segment = self.segment_of(block)
-            if segment is not None and block == segment[-1]:
-                uses += [Use(R, k, ms) for k, g in enumerate(self.granules) if g.block in segment]
+            if segment is not None and block == segment[-1]:   # the segment's granules end at i
+                uses += [Use(R, k, ms) for k in range(self._first_granule[segment[0]], i + 1)]
             uses += [Use(B, k, ms) for k in range(i, j - 1, -1)]
             i = j - 1
         return uses
@@ -154,6 +153,15 @@ class Planner:
             segment = range(first + local.start, first + local.stop)
             out.update({b: segment for b in segment})
         return out
+
+    @cached_property
+    def _first_granule(self) -> dict[int, int]:
+        """Model block -> the index of its first granule (a block's granules are contiguous)."""
+        first: dict[int, int] = {}
+        for k, g in enumerate(self.granules):
+            if g.block is not None:
+                first.setdefault(g.block, k)
+        return first
 
     def segment_of(self, block: int | None) -> range | None:
         """The recompute segment of model block `block` (None: not recomputed)."""
@@ -246,7 +254,7 @@ class Planner:
         if use.what is F:
             alloc: tuple[Alloc, ...] = ()
             if first_of_block and self.starts_segment(g.block) and self.t.cpu_checkpointing:
-                self.copy(Stream.D2H, self.checkpoint_bytes(), f"checkpoint of block {g.block} to the host", Phase.FWD,
+                self.copy(Stream.D2H, self.checkpoint_bytes, f"checkpoint of block {g.block} to the host", Phase.FWD,
                           use.micro_step, stream=Stream.COMPUTE, layer=layer)
             if first_of_block:
                 alloc = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.kept_bytes(g.block)),)
@@ -289,6 +297,7 @@ class Planner:
         segment = self.segment_of(block)
         return segment is not None and block == segment[0]
 
+    @cached_property
     def checkpoint_bytes(self) -> float:
         """What a rank stores of one checkpoint: the block input (1/t of it with sequence
         parallelism, or with DeepSpeed's partitioned activations)."""
@@ -296,13 +305,7 @@ class Planner:
         full = act.layer_activation_bytes(self.m, self.t.seq_len, self.t.micro_batch, tp=p.tp,
                                           sequence_parallel=p.sequence_parallel, recompute=act.Recompute.FULL,
                                           value_bytes=self.elem(self.half))
-        return full / p.tp if self.partitioned_checkpoints() else full
-
-    def partitioned_checkpoints(self) -> bool:
-        """DeepSpeed's `partition_activations` splits each checkpoint over the TP group
-        (with sequence parallelism it is split already)."""
-        p = self.s.parallel
-        return self.t.partition_activations and p.tp > 1 and not p.sequence_parallel
+        return full / p.tp if self.s.partitioned_checkpoints else full
 
     def restore_checkpoint(self, use: Use) -> None:
         """Before a segment is recomputed (deepspeed/runtime/activation_checkpointing/
@@ -311,10 +314,10 @@ class Planner:
         over the TP group (`partition_activations`), both on the compute stream."""
         block = self.granules[use.index].block
         if self.t.cpu_checkpointing:
-            self.copy(Stream.H2D, self.checkpoint_bytes(), f"checkpoint of block {block} from the host", Phase.BWD,
+            self.copy(Stream.H2D, self.checkpoint_bytes, f"checkpoint of block {block} from the host", Phase.BWD,
                       use.micro_step, stream=Stream.COMPUTE, layer=block)
-        if self.partitioned_checkpoints():
-            self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.checkpoint_bytes() * self.s.parallel.tp,
+        if self.s.partitioned_checkpoints:
+            self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.checkpoint_bytes * self.s.parallel.tp,
                             "all-gather partitioned checkpoint", Phase.BWD, use.micro_step, axis=Axis.TP,
                             layer=block, purpose="checkpoint")
 

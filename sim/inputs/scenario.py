@@ -113,6 +113,13 @@ class Scenario:
         return self.nodes * self.gpus_per_node
 
     @property
+    def partitioned_checkpoints(self) -> bool:
+        """DeepSpeed's `partition_activations` splits each checkpoint of full recomputation
+        over the TP group (with sequence parallelism it is split already)."""
+        p = self.parallel
+        return self.training.partition_activations and p.tp > 1 and not p.sequence_parallel
+
+    @property
     def zero_stage(self) -> ZeroStage:
         """The ZeRO stage the engine amounts to (FSDP2 with resharding = 3, without = 2;
         ZeroRedundancyOptimizer = 1; DDP = 0)."""

@@ -211,7 +211,7 @@ def _activations(s: Scenario, pp_stage: int) -> float:
                                            sequence_parallel=p.sequence_parallel, value_bytes=value_bytes)
     plan = t.recompute_plan
     if plan is not None:
-        if t.partition_activations and not p.sequence_parallel:
+        if s.partitioned_checkpoints:
             per_layer /= p.tp  # ZeRO-R P_a: each TP rank keeps 1/t of every checkpoint
         if t.cpu_checkpointing:
             per_layer = 0.0    # checkpoints live in host memory

@@ -36,11 +36,10 @@ def expected_volume(s: Scenario) -> dict[str, float]:
     shape = dict(seq_len=t.seq_len, micro_batch=t.micro_batch, hidden=s.model.hidden, grad_accum=t.grad_accum)
     blocks = s.model.layers // p.pp
     plan = t.recompute_plan
-    partitioned = t.partition_activations and p.tp > 1 and not p.sequence_parallel
     tp = tensor_parallel_volume(blocks, True, p.tp, elem=BYTES_PER_ELEMENT[t.precision.value],
                                 sequence_parallel=p.sequence_parallel,
                                 recomputed=plan.recomputed(blocks) if plan else 0,
-                                checkpoint_gathers=len(plan.segments(blocks)) if plan and partitioned else 0, **shape)
+                                checkpoint_gathers=len(plan.segments(blocks)) if plan and s.partitioned_checkpoints else 0, **shape)
     pipe = pipeline_volume(0, p.pp, tp=p.tp, sequence_parallel=p.sequence_parallel, **shape)
     return add(expected_dp_volume(s), tp, pipe)
 
