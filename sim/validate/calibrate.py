@@ -30,7 +30,10 @@ from sim.analytic import kernels as kn
 from sim.analytic.kernel_time import causal_share
 from sim.analytic.opcost import bus_factor, ring_steps
 from sim.core.enums import AttentionImpl, Coll, KernelStyle
+from sim.core.model import module_tree
+from sim.inputs.models import model_from_table
 from sim.validate.measure import OPS, SIZES
+from sim.validate.measure_memory import memory_efficiency
 from sim.validate.torch_runs import spawn
 
 
@@ -93,7 +96,7 @@ bf16_TFLOPS = {gflops:.6g}   # measured fp32 GEMM throughput (CPU bf16 not measu
 fp16_TFLOPS = {gflops:.6g}   # measured fp32 GEMM throughput (CPU fp16 not measured)
 fp32_TFLOPS = {gflops:.6g}   # measured: the model's GEMM shapes, all processes at once
 matmul_efficiency = 1.0             # the measured rate is the achieved rate
-memory_bandwidth_efficiency = 1.0   # the measured rate is the achieved rate
+memory_bandwidth_efficiency = {compute.get('memory_efficiency', 1.0):.4g}   # {_memory_note(compute)}
 kernel_overhead_us = {compute['kernel_overhead'] * 1e6:.6g}   # measured: an 8x8 matmul, dispatch included
 comm_interference = {compute['comm_interference']:.4g}   # measured: GEMM rate beside an async 64 MiB all-reduce
 """ + ("" if attention is None else f"""attention_efficiency = {attention[0]:.4g}   # measured: causal sdpa forward on the model's shape
@@ -128,6 +131,21 @@ attention_backward_efficiency = {attention[1]:.4g}   # measured: its backward
     path = out_dir / f"local-cpu-calibrated{suffix}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _memory_note(compute: dict[str, Any]) -> str:
+    if "memory_efficiency" not in compute:
+        return "the measured rate is the achieved rate"
+    return ("measured: the model's memory-bound kernels and Adam step at their counted bytes "
+            "(sim.validate.measure_memory)")
+
+
+def memory_kernel_config(model: dict[str, Any], tokens: int, seq_len: int) -> dict[str, Any]:
+    """measure_memory.memory_kernel_totals' arguments for a llama-like `model`: its
+    parameter count and tensors (sim.core.model.module_tree) for the Adam step."""
+    mods = module_tree(model_from_table(model, "calibration model", "model."))
+    return {"model": model, "tokens": tokens, "seq": seq_len, "params": sum(m.numel for m in mods),
+            "tensors": sum(len(m.tensors) for m in mods)}
 
 
 def hook_engines() -> tuple[str, ...]:
@@ -174,8 +192,11 @@ def calibrate(out_dir: Path, *, worlds: tuple[int, ...] = (2, 4), sizes: tuple[i
             samples[op].append((world, size, t))
         ranks = spawn(world, "measure_compute", {"gemm_shapes": gemm_shapes(model, tokens),
                                                  "activation_elements": activation_elements(model, tokens),
-                                                 "hook_engines": list(engines), "attention": shape})
+                                                 "hook_engines": list(engines), "attention": shape,
+                                                 "memory_kernels": memory_kernel_config(model, tokens, seq_len or tokens)})
         compute = ranks[0]
+        compute["memory_efficiency"] = memory_efficiency(compute["memory_kernels"], compute["elementwise_bandwidth"],
+                                                         compute["kernel_overhead"])
         hook_s = {engine: statistics.median(r["hooks"][engine] for r in ranks) for engine in engines}
         fits = {op: fit_alpha_beta(s, op, max_busbw=compute["memory_bandwidth"]) for op, s in samples.items()}
         attention = attention_efficiencies(compute, shape) if shape else None

@@ -58,7 +58,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             c = r["compute"]
             hooks = ", ".join(f"{e} hook {s * 1e6:.0f} us" for e, s in sorted(r["hooks"].items()))
             print(f"{world} processes: GEMM {c['gemm_flops'] / 1e9:.1f} GFLOP/s, DRAM "
-                  f"{c['memory_bandwidth'] / 1e9:.2f} GB/s, elementwise {c['elementwise_bandwidth'] / 1e9:.2f} GB/s, "
+                  f"{c['memory_bandwidth'] / 1e9:.2f} GB/s, elementwise {c['elementwise_bandwidth'] / 1e9:.2f} GB/s "
+                  f"(the model's memory-bound kernels at {c['memory_efficiency']:.2f} of it), "
                   f"kernel overhead {c['kernel_overhead'] * 1e6:.1f} us, interference {c['comm_interference']:.2f}, "
                   f"{hooks} -> {r['path']}", file=out)
             for op, (alpha, busbw) in sorted(r["fits"].items()):

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from sim.validate.measure_memory import memory_kernel_totals
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 SIZES = tuple(2**10 * 4**i for i in range(9))          # 1 KiB ... 64 MiB
 
@@ -72,8 +74,10 @@ def measure_compute(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any
     cost of a tiny kernel and the slowdown of compute beside a collective, with every
     process busy at once (so the numbers include the contention of the real runs).
 
-    The elementwise rate is what the model's memory-bound kernels see (eager PyTorch writes
-    a fresh output per op): the 64 MiB add measures DRAM streaming, the host's own rate."""
+    The elementwise rate is a bare multiply's (eager PyTorch writes a fresh output per op);
+    with `memory_kernels` (sim.validate.measure_memory.memory_kernel_totals' arguments) the
+    model's own memory-bound kernels and Adam step are timed too, for the fraction of that
+    rate they reach; the 64 MiB add measures DRAM streaming, the host's own rate."""
     gemms = [(torch.randn(t, i), torch.randn(i, o)) for t, i, o in cfg["gemm_shapes"]]
     flops = sum(_gemm_flops(a, b) for a, b in gemms)
     gemm_rate = _sustained(lambda: [a @ b for a, b in gemms], flops)
@@ -84,8 +88,11 @@ def measure_compute(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any
     elementwise = _sustained(lambda: [torch.mul(a, b) for a, b in pairs], moved)
     tiny = torch.randn(8, 8)
     overhead = 1.0 / _sustained(lambda: tiny @ tiny, 1.0, 0.2)
+    kernels = cfg.get("memory_kernels")
+    memory_kernels = memory_kernel_totals(**kernels, timer=lambda fn: 1.0 / _sustained(fn, 1.0, 0.3)) \
+        if kernels else None
     return {"gemm_flops": gemm_rate, "memory_bandwidth": memory, "elementwise_bandwidth": elementwise,
-            "kernel_overhead": overhead, "comm_interference": _interference(*gemms[0]),
+            "memory_kernels": memory_kernels, "kernel_overhead": overhead, "comm_interference": _interference(*gemms[0]),
             "rank_piece": rank_piece_seconds(),
             "attention": attention_seconds(*_heads_seq_dim(cfg["attention"])) if cfg.get("attention") else None}
 

@@ -42,7 +42,7 @@ class RotaryEmbedding(nn.Module):
         return emb.cos(), emb.sin()
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """transformers' apply_rotary_pos_emb: x cos + rotate_half(x) sin."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
@@ -60,8 +60,8 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         m = self.m
-        q = _rotate(self.q_proj(x).view(b, s, m.heads, m.head_dim).transpose(1, 2), cos, sin)
-        k = _rotate(self.k_proj(x).view(b, s, m.kv_heads, m.head_dim).transpose(1, 2), cos, sin)
+        q = apply_rotary(self.q_proj(x).view(b, s, m.heads, m.head_dim).transpose(1, 2), cos, sin)
+        k = apply_rotary(self.k_proj(x).view(b, s, m.kv_heads, m.head_dim).transpose(1, 2), cos, sin)
         v = self.v_proj(x).view(b, s, m.kv_heads, m.head_dim).transpose(1, 2)
         rep = m.heads // m.kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)

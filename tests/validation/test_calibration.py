@@ -10,6 +10,7 @@ from sim.inputs.hardware import load_cluster
 from sim.simulate import simulate
 from sim.validate.calibrate import calibrate, fit_alpha_beta
 from sim.validate.compare import validation_scenario
+from sim.validate.measure_memory import memory_efficiency
 
 SMALL = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128, "vocab": 256}
 
@@ -36,9 +37,22 @@ def test_a_short_calibration_writes_a_profile_the_simulator_uses(tmp_path):
     assert 0.0 <= cluster.gpu.comm_interference <= 1.0
     assert 0.0 < cluster.gpu.attention_efficiency <= 1.0 and 0.0 < cluster.gpu.attention_backward_efficiency <= 1.0
     assert 0.0 < host.zero3_rank_piece < 1e-3        # seconds per (rank, tensor) slice
+    kernels = results[2]["compute"]["memory_kernels"]
+    assert set(kernels["cases"]) == {"norm", "activation", "residual", "rotary", "loss", "adam"}
+    assert all(seconds > 0 and nbytes > 0 and count > 0 for seconds, nbytes, count in kernels["cases"].values())
+    assert cluster.gpu.memory_bandwidth_efficiency == pytest.approx(results[2]["compute"]["memory_efficiency"], rel=1e-3)
+    assert 0.05 <= cluster.gpu.memory_bandwidth_efficiency <= 1.0
     assert results[2]["hooks"]["fsdp2"] == pytest.approx(host.fsdp2_hook, rel=1e-4)
     s = validation_scenario("ddp", SMALL, 2, seq_len=32, micro_batch=2, grad_accum=1, cluster=str(path))
     assert simulate(s).step_time_s > 0
+
+
+def test_memory_efficiency_is_counted_bytes_over_the_rate_and_the_busy_time():
+    totals = {"seconds": 0.011, "bytes": 1e9, "kernels": 1000}
+    # 1 GB at 200 GB/s is 5 ms; 11 ms measured less 1000 kernels x 1 us leaves 10 ms busy
+    assert memory_efficiency(totals, 200e9, 1e-6) == pytest.approx(0.5)
+    assert memory_efficiency(totals, 200e9, 20e-6) == 1.0          # overheads explain it all
+    assert memory_efficiency({**totals, "seconds": 100.0}, 200e9, 0.0) == 0.05   # floor
 
 
 def test_device_measurement_on_cpu():
