@@ -675,8 +675,8 @@ def not_simulated_cases() -> Iterator[Case]:
             "device": "nvme", "nvme_path": "/tmp"}}),
         "offload_param-nvme": scenario_files(nvme_base, {"zero.offload_param": {
             "device": "nvme", "nvme_path": "/tmp"}}),
-        "offload_optimizer-cpu-ratio-0.5": scenario_files(ZERO3_H100X2, {"zero.offload_optimizer": {
-            "device": "cpu", "ratio": 0.5}}),
+        "offload_optimizer-cpu-super_offload": scenario_files(ZERO3_H100X2, {"zero.offload_optimizer": {
+            "device": "cpu", "super_offload": True}}),
         "schedule-paper-with-cpu-offload": scenario_files(ZERO3_H100X2, {"schedule": "paper",
                                                                         "zero.offload_optimizer": "cpu"}),
         "fsdp2-with-tp2": scenario_files(repo_toml(FSDP_SCENARIO), {"parallel.tp": 2}),

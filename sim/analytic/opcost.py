@@ -82,15 +82,23 @@ def adam_launches(implementation: str, tensors: int) -> int:
     return 1
 
 
-def cpu_adam_time(params: float, cluster: ClusterSpec, ranks_per_node: int) -> float:
-    """DeepSpeed CPU-Adam: the node's rate is shared by the ranks stepping at once (reference 5)."""
-    return params / (cluster.host.cpu_adam_params_per_s / ranks_per_node)
+def cpu_adam_time(params: float, cluster: ClusterSpec, ranks_per_node: int, host_bytes: float = 0.0) -> float:
+    """DeepSpeed CPU-Adam: the node's rate is shared by the ranks stepping at once (reference 5);
+    `host_bytes` of other host-memory traffic at the node's DRAM bandwidth, shared the same way."""
+    host = cluster.host
+    return params / (host.cpu_adam_params_per_s / ranks_per_node) + host_bytes / (host.dram_bandwidth / ranks_per_node)
 
 
 def pcie_bandwidth(cluster: ClusterSpec) -> float:
     """Per-GPU, per-direction pinned copy rate when every GPU behind a switch copies at once."""
     host = cluster.host
     return host.pcie.achievable_bandwidth / host.gpus_per_pcie_switch
+
+
+def copy_share(pageable: bool, cluster: ClusterSpec) -> float:
+    """The fraction of the pinned rate a copy reaches: a pageable buffer is staged through
+    the driver's pinned bounce buffer (CUDA C++ Best Practices Guide, "Pinned Memory")."""
+    return cluster.host.pcie_pageable_efficiency if pageable else 1.0
 
 
 def wire_bytes_per_rank(coll: Coll, nbytes: float, n: int) -> float:
@@ -190,7 +198,7 @@ def isolated_time(phases: list[CommPhase], cluster: ClusterSpec,
 
 
 def device_op_time(kind: str, *, flops: float, mem_bytes: float, elementwise_bytes: float, params: float,
-                   precision: str, cluster: ClusterSpec, ranks_per_node: int) -> float | None:
+                   precision: str, cluster: ClusterSpec, ranks_per_node: int, host_bytes: float = 0.0) -> float | None:
     """Duration of an op that uses no shared link: compute, GPU Adam, CPU-Adam (None for
     the others, whose time depends on what shares their links)."""
     gpu = cluster.gpu
@@ -201,5 +209,5 @@ def device_op_time(kind: str, *, flops: float, mem_bytes: float, elementwise_byt
     if kind == "optimizer":
         return gpu_adam_time(params, cluster)
     if kind == "cpu optimizer":
-        return cpu_adam_time(params, cluster, ranks_per_node)
+        return cpu_adam_time(params, cluster, ranks_per_node, host_bytes)
     return None

@@ -66,6 +66,7 @@ class HostSpec:
     dram: float                    # bytes
     dram_bandwidth: float          # bytes/s, theoretical
     pcie: LinkSpec                 # per GPU, per direction, pinned memory
+    pcie_pageable_efficiency: float = 0.5  # a pageable copy's rate / a pinned one's (staged by the driver)
     gpus_per_pcie_switch: int      # GPUs sharing one uplink to the CPU
     cpu_adam_params_per_s: float   # parameters/s for the whole node (all ranks together)
     nvme_bandwidth: float          # bytes/s per node; 0 when unknown / absent

@@ -70,7 +70,7 @@ def _cost_key(op: AnyOp) -> tuple[object, ...]:
     if isinstance(op, GpuOptimizer):
         return (type(op), op.params, op.implementation, op.tensors)
     if isinstance(op, CpuStep):
-        return (type(op), op.params)
+        return (type(op), op.params, op.host_bytes)
     return (type(op), op.id)
 
 

@@ -55,7 +55,7 @@ def local_time(op: AnyOp, s: Scenario, timer: Callable[[Kernel], float] | None =
         return None
     return opcost.device_op_time(op.kind.value, flops=0.0, mem_bytes=0.0, elementwise_bytes=0.0,
                                  params=op.params, precision=s.training.precision.value, cluster=s.cluster,
-                                 ranks_per_node=s.gpus_per_node)
+                                 ranks_per_node=s.gpus_per_node, host_bytes=op.host_bytes)
 
 
 def kernel_time(k: Kernel, s: Scenario) -> float:

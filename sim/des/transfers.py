@@ -54,7 +54,8 @@ def send_transfers(op: Send, rank: int, layout: Layout, s: Scenario) -> list[Tra
 
 def copy_transfers(op: Copy, rank: int, s: Scenario) -> list[Transfer]:
     """A PCIe copy: the PCIe latency, then the bytes over this rank's port in its direction."""
-    return [Transfer(s.cluster.host.pcie.latency, op.nbytes, (((rank, op.direction), 1.0),))]
+    share = opcost.copy_share(op.pageable, s.cluster)
+    return [Transfer(s.cluster.host.pcie.latency, op.nbytes, (((rank, op.direction), share),))]
 
 
 def collective_transfers(op: Collective, rank: int, simulated: Iterable[int], layout: Layout,
@@ -98,7 +99,7 @@ def _shape_key(op: Collective | Copy | Send) -> tuple[object, ...]:
     if isinstance(op, Send):
         return (Send, op.nbytes, op.peer)
     if isinstance(op, Copy):
-        return (Copy, op.nbytes, op.direction)
+        return (Copy, op.nbytes, op.direction, op.pageable)
     return (Collective, op.coll, op.axis, op.nbytes)
 
 

@@ -157,9 +157,10 @@ class Builder:
         return self._add(GpuOptimizer, Stream.COMPUTE, deps, holds, holds, name=name, phase=Phase.STEP,
                          micro_step=micro_step, params=params, implementation=implementation, tensors=tensors)
 
-    def cpu_step(self, name: str, micro_step: int, *, params: float, deps: Deps = ()) -> OpRef:
+    def cpu_step(self, name: str, micro_step: int, *, params: float, deps: Deps = (),
+                 host_bytes: float = 0.0) -> OpRef:
         return self._add(CpuStep, Stream.CPU, deps, (), (), name=name, phase=Phase.STEP, micro_step=micro_step,
-                         params=params)
+                         params=params, host_bytes=host_bytes)
 
     def collective(self, stream: Stream, coll: Coll, nbytes: float, name: str, phase: Phase, micro_step: int, *,
                    axis: Axis = Axis.DP, layer: int | None = None, deps: Deps = (),
@@ -174,10 +175,10 @@ class Builder:
                          purpose="pipeline", nbytes=nbytes, tag=tag, peer=peer)
 
     def copy(self, direction: Stream, nbytes: float, name: str, phase: Phase, micro_step: int, *,
-             stream: Stream | None = None, layer: int | None = None, deps: Deps = ()) -> OpRef:
+             stream: Stream | None = None, layer: int | None = None, deps: Deps = (), pageable: bool = False) -> OpRef:
         """A PCIe copy in `direction`, on its own copy stream unless the engine issues it on `stream`."""
         return self._add(Copy, stream or direction, deps, (), (), name=name, phase=phase, micro_step=micro_step,
-                         layer=layer, nbytes=nbytes, direction=direction)
+                         layer=layer, nbytes=nbytes, direction=direction, pageable=pageable)
 
     def _add(self, cls: type[AnyOp], stream: Stream, deps: Deps, alloc: tuple[Alloc, ...],
              free: tuple[Alloc, ...], **fields: Any) -> OpRef:

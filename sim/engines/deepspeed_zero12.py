@@ -29,7 +29,8 @@ from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.buckets import DeepSpeedBucket
 from sim.engines.layout import Layout
 from sim.engines.model import EngineModel
-from sim.engines.policies import DeepSpeedCpuAdam, GpuAdam
+from sim.engines.offload import DeepSpeedCpuAdam, delayed_update
+from sim.engines.policies import GpuAdam
 from sim.engines.resident import Resident, half_bytes, resident
 from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, Stream
 from sim.engines.skeleton import B, Planner, Use
@@ -52,6 +53,7 @@ class Zero12Planner(Planner):
         self.bucket = DeepSpeedBucket(STAGE0_BUCKET if self.stage == 0 else self.z.reduce_bucket_size)
         self.in_flight: OpRef | None = None   # the last bucket reduction launched (overlap_comm)
         self.offload_copies: list[OpRef] = []
+        self.delayed: OpRef | None = None     # the delayed update's last copy (start_of_step)
         self.padded = flat_padded(self.psi, self.dp)
 
     def resident_allocations(self, census: list[TensorGroup]) -> Resident:
@@ -117,9 +119,21 @@ class Zero12Planner(Planner):
             # issued on the reduction's stream ("a separate copy stream is disabled because of race
             # with reduce", stage_1_and_2.py)
             self.offload_copies.append(self.copy(Stream.D2H, nbytes / self.dp, "D2H gradient partition",
-                                                 Phase.BWD, ms, stream=stream, deps=[last], layer=layer))
+                                                 Phase.BWD, ms, stream=stream, deps=[last], layer=layer,
+                                                 pageable=not self.z.offload_optimizer.pin_memory))
 
     # -- the step --------------------------------------------------------------------------
+    def _partition(self) -> float:
+        return self.padded / (self.dp if self.stage >= ZeroStage.OPTIMIZER else 1)
+
+    def _offload_step(self) -> DeepSpeedCpuAdam:
+        return DeepSpeedCpuAdam(self._partition() * self.elem(self.half), pageable=not self.z.offload_optimizer.pin_memory,
+                                delayed=self.t.delayed_parameter_update)
+
+    def start_of_step(self) -> None:
+        if self.offload and self.t.delayed_parameter_update:
+            self.delayed = delayed_update(self.b, self._offload_step(), self.boundary, self._partition())
+
     def optimizer_step(self) -> None:
         # stage_1_and_2.py step(): fp16 checks overflow (a MAX all-reduce), then always computes
         # the global norm (scaled_global_norm, an fp32 all-reduce), clipping or not.
@@ -127,11 +141,12 @@ class Zero12Planner(Planner):
             self.collective(Stream.COMPUTE, Coll.ALL_REDUCE, 4.0, "overflow check all-reduce", Phase.STEP,
                             self.boundary, purpose="overflow check")
         norm = self.grad_norm(always=self.stage > 0)
-        n = self.dp if self.stage >= ZeroStage.OPTIMIZER else 1
-        shard = self.padded / n
+        shard = self._partition()
         fp32_grads = Alloc(Mem.OPTIMIZER, "fp32 gradient partition", 4.0 * shard)
-        if self.offload:
-            self.optimizer(DeepSpeedCpuAdam(shard * self.elem(self.half)), shard, [norm, *self.offload_copies])
+        if self.delayed is not None:      # the CPU path began with the step
+            self.b.stream_wait(Stream.COMPUTE, self.delayed)
+        elif self.offload:
+            self.optimizer(self._offload_step(), shard, [norm, *self.offload_copies])
         else:
             self.optimizer(GpuAdam(self.t.optimizer, 1, (fp32_grads,)), shard, [norm])   # one flat partition
         if self.stage > 0:
@@ -155,7 +170,10 @@ def zero12_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
         device.append(Alloc(Mem.GRADS, "16-bit gradients", h * padded / (dp if stage >= ZeroStage.GRADIENTS else 1)))
     host: list[Alloc] = []
     if offload:
-        host.append(Alloc(Mem.OPTIMIZER, "fp32 master, Adam m and v, fp32 gradients (pinned)", 16.0 * padded / n))
+        pinned = "pinned" if z.offload_optimizer.pin_memory else "pageable"
+        host.append(Alloc(Mem.OPTIMIZER, f"fp32 master, Adam m and v, fp32 gradients ({pinned})", 16.0 * padded / n))
+        if s.training.delayed_parameter_update:
+            host.append(Alloc(Mem.GRADS, "second fp32 gradient partition (delayed update)", 4.0 * padded / n))
     else:
         device += [Alloc(Mem.OPTIMIZER, "fp32 master parameters", 4.0 * padded / n),
                    Alloc(Mem.OPTIMIZER, "Adam m and v", 8.0 * padded / n)]

@@ -37,7 +37,8 @@ from sim.engines.buckets import DeepSpeedBucket
 from sim.engines.deepspeed_zero12 import deepspeed_dp_volume, no_partitioned_gradients_with_pipelines
 from sim.engines.layout import Layout
 from sim.engines.model import EngineModel
-from sim.engines.policies import DeepSpeedCpuAdam, GpuAdam
+from sim.engines.offload import Zero3OffloadStep, cpu_share, delayed_update
+from sim.engines.policies import GpuAdam
 from sim.engines.resident import Resident, half_bytes, resident
 from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Schedule, Stream
 from sim.engines.skeleton import B, C, F, Planner, Use
@@ -85,6 +86,10 @@ class Zero3Planner(Planner):
         self.reductions: deque[OpRef] = deque()
         self.last_reduction: OpRef | None = None
         self.offload_copies: list[OpRef] = []
+        opt = self.z.offload_optimizer
+        # the share of the partition CPU-Adam steps: only its gradients go to the host
+        self.cpu_share = cpu_share(self.padded_total / self.dp, self.z.sub_group_size, opt.ratio) if opt.enabled else 0.0
+        self.delayed: OpRef | None = None     # the delayed update's last copy (start_of_step)
         self.hook_time: OpRef | None = None
         self._in_backward = False
 
@@ -233,7 +238,7 @@ class Zero3Planner(Planner):
         deps: list[OpRef | None] = [self.hook_time]
         if self.z.offload_param.enabled:
             deps.append(self.copy(Stream.H2D, self.h * padded / self.dp, "H2D parameter partition",
-                                  self._phase(use), ms))
+                                  self._phase(use), ms, pageable=not self.z.offload_param.pin_memory))
         alloc = tuple(Alloc(Mem.PARAMS, f"gathered {k[0]}", self.h * k[2]) for k in batch)
         names = ", ".join(k[0] for k in batch) if len(batch) <= 3 else f"{len(batch)} modules"
         ag = self.collective(Stream.ALLGATHER, Coll.ALL_GATHER, self.h * padded, f"all-gather {names}",
@@ -295,8 +300,10 @@ class Zero3Planner(Planner):
         if len(self.reductions) > MAX_REDUCE_EVENTS:
             self.b.host_sync(self.reductions.popleft())
         if self.z.offload_optimizer.enabled and ms == self.boundary:
-            self.offload_copies.append(self.copy(Stream.D2H, self.h * padded / self.dp, "D2H gradient partition",
-                                                 Phase.BWD, ms, stream=Stream.REDUCE, deps=[rs], layer=layer))
+            self.offload_copies.append(self.copy(Stream.D2H, self.cpu_share * self.h * padded / self.dp,
+                                                 "D2H gradient partition",
+                                                 Phase.BWD, ms, stream=Stream.REDUCE, deps=[rs], layer=layer,
+                                                 pageable=not self.z.offload_optimizer.pin_memory))
 
     def end_of_backward(self, ms: int) -> None:
         if self.bucket.flush():
@@ -307,12 +314,22 @@ class Zero3Planner(Planner):
         self.reductions.clear()
 
     # -- the step ---------------------------------------------------------------------------
+    def _offload_step(self) -> Zero3OffloadStep:
+        return Zero3OffloadStep(self.z.sub_group_size, self.z.offload_optimizer.ratio, self.h,
+                                delayed=self.t.delayed_parameter_update)
+
+    def start_of_step(self) -> None:
+        if self.z.offload_optimizer.enabled and self.t.delayed_parameter_update:
+            self.delayed = delayed_update(self.b, self._offload_step(), self.boundary, self.padded_total / self.dp)
+
     def optimizer_step(self) -> None:
         # stage3.py step(): the global norm is always computed, in float64 (8 B all-reduce)
         norm = self.grad_norm(always=True, nbytes=8.0)
         shard = self.padded_total / self.dp
-        if self.z.offload_optimizer.enabled:
-            self.optimizer(DeepSpeedCpuAdam(shard * self.h), shard, [norm, *self.offload_copies])
+        if self.delayed is not None:      # the CPU path began with the step
+            self.b.stream_wait(Stream.COMPUTE, self.delayed)
+        elif self.z.offload_optimizer.enabled:
+            self.optimizer(self._offload_step(), shard, [norm, *self.offload_copies])
         else:
             tile = min(shard, self.z.sub_group_size)
             groups = max(1, -(-int(shard) // int(tile))) if tile else 1   # one flat tensor per sub-group
@@ -351,7 +368,13 @@ def zero3_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
         device.append(Alloc(Mem.PARAMS, "16-bit parameter partition", h * shard))
     device.append(Alloc(Mem.PARAMS, "persistent parameters", h * persistent_numel(s, census)))
     if z.offload_optimizer.enabled:
-        host.append(Alloc(Mem.OPTIMIZER, "fp32 master, Adam m and v, fp32 gradients (pinned)", 16.0 * shard))
+        on_cpu = cpu_share(shard, z.sub_group_size, z.offload_optimizer.ratio) * shard
+        pinned = "pinned" if z.offload_optimizer.pin_memory else "pageable"
+        host.append(Alloc(Mem.OPTIMIZER, f"fp32 master, Adam m and v, fp32 gradients ({pinned})", 16.0 * on_cpu))
+        if s.training.delayed_parameter_update:
+            host.append(Alloc(Mem.GRADS, "second fp32 gradient partition (delayed update)", 4.0 * on_cpu))
+        device += [Alloc(Mem.OPTIMIZER, "fp32 master, Adam m and v, fp32 gradients of the GPU sub-groups",
+                         16.0 * (shard - on_cpu))]
     else:
         device += [Alloc(Mem.GRADS, "16-bit gradient partition", h * shard),
                    Alloc(Mem.OPTIMIZER, "fp32 master parameters", 4.0 * shard),

@@ -2,8 +2,9 @@
 
 - Pipeline order (`Sequential`, `OneFOneB`): in what order a pipeline stage runs the forward
   and backward passes of the micro-batches of a step.
-- Optimizer placement (`GpuAdam`, `DeepSpeedCpuAdam`, `TorchCpuAdam`): where the optimizer
-  steps its parameters and what the compute stream waits for before the next step.
+- Optimizer placement (`GpuAdam`, `TorchCpuAdam`; DeepSpeed's offloaded steps in
+  sim.engines.offload): where the optimizer steps its parameters and what the compute stream
+  waits for before the next step.
 - Gradient bucketing (sim.engines.buckets: `DdpBucket`, `DeepSpeedBucket`) decides when a
   reduction is issued; the engine decides which collective reduces the bucket.
 
@@ -78,21 +79,6 @@ class GpuAdam:
     def step(self, b: Builder, micro_step: int, params: float, deps: Iterable[OpRef | None]) -> OpRef:
         return b.gpu_optimizer(f"optimizer step (Adam, {self.implementation})", micro_step, params=params, deps=deps,
                                holds=self.holds, implementation=self.implementation, tensors=self.tensors)
-
-
-@dataclass(frozen=True, slots=True)
-class DeepSpeedCpuAdam:
-    """ZeRO-Offload (arXiv 2101.06840 Sec. 4; DeepSpeedCPUAdam): Adam on the host over the
-    rank's partition, then the updated 16-bit partition copied back (`copy_back_bytes`) before
-    the compute stream goes on."""
-
-    copy_back_bytes: float
-
-    def step(self, b: Builder, micro_step: int, params: float, deps: Iterable[OpRef | None]) -> OpRef:
-        cpu = b.cpu_step("CPU-Adam", micro_step, params=params, deps=deps)
-        up = b.copy(Stream.H2D, self.copy_back_bytes, "H2D 16-bit partition", Phase.STEP, micro_step, deps=[cpu])
-        b.stream_wait(Stream.COMPUTE, up)
-        return up
 
 
 @dataclass(frozen=True, slots=True)

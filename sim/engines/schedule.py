@@ -140,10 +140,12 @@ class GpuOptimizer(Op):
 
 @dataclass(slots=True, kw_only=True)
 class CpuStep(Op):
-    """CPU-Adam over `params` parameters on the host (ZeRO-Offload, FSDP2 CPU offload)."""
+    """CPU-Adam over `params` parameters on the host (ZeRO-Offload, FSDP2 CPU offload), and
+    `host_bytes` of other host-memory traffic (a dtype cast before a copy to the device)."""
 
     kind: ClassVar[Kind] = Kind.CPU_OPTIMIZER
     params: float
+    host_bytes: float = 0.0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -171,11 +173,13 @@ class Send(Op):
 
 @dataclass(slots=True, kw_only=True)
 class Copy(Op):
-    """A PCIe copy of `nbytes` in `direction` (H2D or D2H), on its own stream or another."""
+    """A PCIe copy of `nbytes` in `direction` (H2D or D2H), on its own stream or another;
+    `pageable`: from or to pageable host memory (HostSpec.pcie_pageable_efficiency)."""
 
     kind: ClassVar[Kind] = Kind.COPY
     nbytes: float
     direction: Stream
+    pageable: bool = False
 
 
 AnyOp = Compute | GpuOptimizer | CpuStep | Collective | Send | Copy

@@ -180,6 +180,7 @@ class Planner:
 
     def build(self) -> Schedule:
         self.resident()
+        self.start_of_step()
         for ms, part in self.pipeline_order():
             if part is not Part.BACKWARD:
                 self.part(ms, Direction.FORWARD)
@@ -382,6 +383,9 @@ class Planner:
     def end_of_backward(self, ms: int) -> None:
         """After the last backward op of micro-step `ms`."""
 
+    def start_of_step(self) -> None:
+        """Before the first micro-step: work that runs beside the whole step."""
+
     def optimizer_step(self) -> None:
         """At the accumulation boundary."""
 
@@ -394,9 +398,11 @@ class Planner:
         return placement.step(self.b, self.boundary, params, deps)
 
     def copy(self, direction: Stream, nbytes: float, name: str, phase: Phase, ms: int, *,
-             stream: Stream | None = None, deps: Iterable[OpRef | None] = (), layer: int | None = None) -> OpRef:
+             stream: Stream | None = None, deps: Iterable[OpRef | None] = (), layer: int | None = None,
+             pageable: bool = False) -> OpRef:
         """A PCIe copy, on its own copy stream unless the engine issues it on another."""
-        return self.b.copy(direction, nbytes, name, phase, ms, stream=stream, deps=deps, layer=layer)
+        return self.b.copy(direction, nbytes, name, phase, ms, stream=stream, deps=deps, layer=layer,
+                           pageable=pageable)
 
     def grad_norm(self, always: bool = False, nbytes: float = 4.0) -> OpRef | None:
         """Global gradient norm: one tiny all-reduce (reference 1.1), when clipping, or

@@ -220,7 +220,8 @@ def _training(raw: Mapping[str, Any], ds: Any, dp: int, engine: Engine, source: 
                     partition_activations=t["partition_activations"] or bool(ds and ds.partition_activations),
                     cpu_checkpointing=bool(ds and ds.cpu_checkpointing),
                     optimizer=_optimizer(t["optimizer_implementation"], engine, ds, cpu_device),
-                    recompute_method=t["recompute_method"], recompute_layers=t["recompute_num_layers"])
+                    recompute_method=t["recompute_method"], recompute_layers=t["recompute_num_layers"],
+                    delayed_parameter_update=t["delayed_parameter_update"])
 
 
 def _optimizer(given: str | None, engine: Engine, ds: Any, cpu_device: bool) -> OptimizerImpl:

@@ -79,6 +79,7 @@ class Training:
     optimizer: OptimizerImpl = OptimizerImpl.FUSED   # how the Adam step runs
     recompute_method: str = UNIFORM  # which blocks full recomputation checkpoints (sim.analytic.recompute)
     recompute_layers: int = 1
+    delayed_parameter_update: bool = False   # ZeRO-Offload paper's DPU (sim.engines.offload)
 
     @property
     def recompute_plan(self) -> RecomputePlan | None:

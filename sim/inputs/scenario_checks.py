@@ -19,6 +19,7 @@ def check_scenario(s: Scenario, source: Path) -> None:
     """Raise InputError for the first rule `s` breaks."""
     _check_shapes(s, source)
     _check_precision(s, source)
+    _check_delayed_update(s, source)
 
 
 def _check_shapes(s: Scenario, source: Path) -> None:
@@ -43,3 +44,12 @@ def _check_precision(s: Scenario, source: Path) -> None:
     gpu = s.cluster.gpu
     if s.training.precision == "bf16" and gpu.bf16_flops == 0:
         raise InputError(source, "training.precision", f"{gpu.name} has no bf16; allowed: fp16, fp32")
+
+
+def _check_delayed_update(s: Scenario, source: Path) -> None:
+    """The ZeRO-Offload paper's delayed parameter update overlaps CPU-Adam with the GPU: it
+    needs DeepSpeed's optimizer offload."""
+    if s.training.delayed_parameter_update and not (s.zero is not None and s.zero.offload_optimizer.enabled):
+        raise InputError(source, "training.delayed_parameter_update", "true overlaps CPU-Adam with the next "
+                         "step's forward and backward, so it needs engine \"deepspeed\" with "
+                         "zero.offload_optimizer = \"cpu\"; allowed: false")

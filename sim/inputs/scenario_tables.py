@@ -27,6 +27,7 @@ TRAINING_KEYS = (
     Key("optimizer_implementation", str, required=False, default=None, choices=tuple(OptimizerImpl)),
     Key("recompute_method", str, required=False, default=UNIFORM, choices=METHODS),
     Key("recompute_num_layers", int, required=False, default=1, positive=True, maximum=L.MAX_LAYERS),
+    Key("delayed_parameter_update", bool, required=False, default=False),
 )
 
 

@@ -112,7 +112,7 @@ HF_AUTO = {"reduce_bucket_size": lambda h: h * h, "prefetch_bucket_size": lambda
            "param_persistence_threshold": lambda h: 10 * h}
 OFFLOAD_KEYS = (
     Key("device", str, required=False, default="none", choices=tuple(OffloadDevice)),
-    Key("pin_memory", _B, required=False, default=True, not_simulated=True),
+    Key("pin_memory", _B, required=False, default=True),
     Key("nvme_path", str, required=False, default=None),
     Key("buffer_count", _I, required=False, default=None, non_negative=True, not_simulated=True),
     Key("buffer_size", _I, required=False, default=100_000_000, non_negative=True, not_simulated=True),
@@ -120,7 +120,7 @@ OFFLOAD_KEYS = (
     Key("pipeline_read", _B, required=False, default=False, not_simulated=True),
     Key("pipeline_write", _B, required=False, default=False, not_simulated=True),
     Key("fast_init", _B, required=False, default=False, not_simulated=True),
-    Key("ratio", float, required=False, default=1.0, fraction=True, not_simulated=True),
+    Key("ratio", float, required=False, default=1.0, fraction=True),
     Key("super_offload", _B, required=False, default=False, not_simulated=True),
     Key("cpuadam_cores_perc", float, required=False, default=0.8, fraction=True, not_simulated=True),
 )
@@ -196,9 +196,13 @@ def _offload(raw: Any, source: str | Path, dotted: str, *, optimizer: bool) -> O
 
 def _check_stage_features(stage: ZeroStage, v: Mapping[str, Any], opt: OffloadConfig,
                           par: OffloadConfig, source: str | Path, prefix: str) -> None:
-    """DeepSpeed's per-stage rules (config.py validators, reference 1.2). ZeRO++ and the
-    partial `ratio` are refused as not simulated yet before these run."""
+    """DeepSpeed's per-stage rules (config.py validators, reference 1.2); the partial
+    `ratio` exists only in stage3.py's sub-groups. ZeRO++ is refused as not simulated yet
+    before these run."""
     if par.enabled and stage != ZeroStage.PARAMETERS:
         raise InputError(source, prefix + "offload_param", f"needs stage 3, got stage {int(stage)}")
     if opt.enabled and stage == ZeroStage.NONE:
         raise InputError(source, prefix + "offload_optimizer", "needs ZeRO stage 1, 2 or 3")
+    if opt.ratio < 1.0 and stage != ZeroStage.PARAMETERS:   # partial offload: stage3.py's sub-groups only
+        raise InputError(source, prefix + "offload_optimizer.ratio", f"{opt.ratio!r} (partial offload, Twin-Flow) "
+                         f"needs stage 3, got stage {int(stage)}; allowed: 1.0 at stages 1-2")

@@ -30,6 +30,8 @@ STRATEGIES: dict[str, dict] = {
     "ds-zero3-offload": {"zero": {"stage": 3, "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0,
                                   "reduce_bucket_size": 2e6,
                                   "offload_optimizer": "cpu", "offload_param": "cpu"}},
+    "ds-zero3-partial-offload": {"zero": {"stage": 3, "reduce_bucket_size": 2e6, "sub_group_size": 1_000_000,
+                                          "offload_optimizer": {"device": "cpu", "ratio": 0.5, "pin_memory": False}}},
     "ds-zero1-tp2-pp2": {"zero": {"stage": 1}, "parallel": {"tp": 2, "pp": 2}},
     "ddp-tp2-sequence-parallel": {"engine": "ddp", "parallel": {"tp": 2, "sequence_parallel": True}},
     "ds-zero3-tp2-full-recompute": {"zero": {"stage": 3, "stage3_max_reuse_distance": 0,

@@ -262,7 +262,6 @@ def test_output_paths_are_checked_first(tmp_path, capsys, flag, where):
 @pytest.mark.parametrize("zero", [
     "zero_quantized_weights = true", "zero_quantized_gradients = true", "zero_hpz_partition_size = 8",
     'offload_optimizer = {device = "nvme", nvme_path = "/tmp"}', 'offload_param = {device = "nvme", nvme_path = "/tmp"}',
-    'offload_optimizer = {device = "cpu", ratio = 0.5}', 'offload_optimizer = {device = "cpu", pin_memory = false}',
     "contiguous_gradients = false", "allgather_sequential = true",
 ])
 @pytest.mark.parametrize("command", ["run", "memory"])

@@ -1,0 +1,132 @@
+"""ZeRO-Offload's step as DeepSpeed runs it (sub-groups, partial `ratio`, pinned or pageable
+copies) and the ZeRO-Offload paper's delayed parameter update (sim.engines.offload)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sim.analytic.offload import tokens_to_hide_offload
+from sim.core.errors import InputError
+from sim.core.specs import LinkSpec
+from sim.engines.offload import cpu_share, sub_groups
+from sim.engines.schedule import Copy, CpuStep, Stream
+from sim.inputs.load import scenario_from_table
+from sim.simulate import simulate
+from tests.crosscheck.scenarios import TINY_MODEL
+
+
+def table(zero: dict, nodes: int = 1, **training) -> dict:
+    return {"model": TINY_MODEL, "cluster": "dgx-a100-80g", "nodes": nodes, "zero": zero,
+            "training": {"seq_len": 512, "micro_batch": 2, "grad_accum": 1, "precision": "bf16", **training}}
+
+
+def run(zero: dict, **training):
+    return simulate(scenario_from_table(table(zero, **training), Path("s.toml"), "s"))
+
+
+def spans(result, kind):
+    return [sp for sp in result.engine.spans if isinstance(sp.op, kind) and sp.rank == 0]
+
+
+def test_sub_groups_cut_the_partition_and_ratio_keeps_the_first_ones_on_the_gpu():
+    assert sub_groups(10.0, 4) == [10 / 3] * 3 and sub_groups(3.0, 4) == [3.0] and sub_groups(5.0, 0) == [5.0]
+    assert cpu_share(8.0, 2, 1.0) == 1.0
+    assert cpu_share(8.0, 2, 0.5) == pytest.approx(0.5)       # 4 groups: int(0.5 x 4) = 2 on the GPU
+    assert cpu_share(8.0, 2, 0.3) == pytest.approx(0.5)       # int(0.7 x 4) = 2 on the GPU (stage3.py)
+    assert cpu_share(8.0, 2, 0.0) == 0.0
+
+
+def test_zero3_offload_runs_sub_group_after_sub_group_with_a_cpu_cast_and_a_pageable_h2d():
+    r = run({"stage": 3, "offload_optimizer": "cpu", "sub_group_size": 2_000_000})
+    cpu = sorted(spans(r, CpuStep), key=lambda sp: sp.start)
+    h2d = sorted([sp for sp in spans(r, Copy) if sp.op.direction is Stream.H2D], key=lambda sp: sp.start)
+    adam = [sp for sp in cpu if sp.op.params > 0]
+    casts = [sp for sp in cpu if sp.op.host_bytes > 0]
+    assert len(adam) == len(casts) == len(h2d) >= 2
+    assert all(sp.op.pageable for sp in h2d)
+    for i in range(len(adam) - 1):   # the host does one sub-group at a time: Adam, cast, copy, next
+        assert adam[i].end <= casts[i].start + 1e-12 and casts[i].end <= h2d[i].start + 1e-12
+        assert h2d[i].end <= adam[i + 1].start + 1e-12
+    host = sum(a.nbytes for a in r.schedule.classes[0].host)      # 16 B per partitioned parameter
+    assert sum(sp.op.params for sp in adam) == pytest.approx(host / 16)
+    assert sum(sp.op.host_bytes for sp in casts) == pytest.approx(6 * host / 16)   # fp32 read, bf16 written
+
+
+def test_pageable_copies_are_slower_than_pinned_ones():
+    pinned = run({"stage": 2, "offload_optimizer": {"device": "cpu"}})
+    pageable = run({"stage": 2, "offload_optimizer": {"device": "cpu", "pin_memory": False}})
+    d2h = [sp for sp in spans(pageable, Copy) if sp.op.direction is Stream.D2H]
+    assert d2h and all(sp.op.pageable for sp in d2h)
+    assert not any(sp.op.pageable for sp in spans(pinned, Copy))
+    h2d = {name: next(sp for sp in spans(res, Copy) if sp.op.direction is Stream.H2D)
+           for name, res in (("pinned", pinned), ("pageable", pageable))}
+    share = pageable.scenario.cluster.host.pcie_pageable_efficiency
+    latency = pageable.scenario.cluster.host.pcie.latency
+    busy = {k: v.end - v.start - latency for k, v in h2d.items()}
+    assert busy["pageable"] == pytest.approx(busy["pinned"] / share, rel=1e-6)
+    assert pageable.step_time_s > pinned.step_time_s
+
+
+def test_partial_offload_keeps_the_gpu_sub_groups_state_on_the_gpu_and_their_gradients_off_pcie():
+    full = run({"stage": 3, "offload_optimizer": "cpu", "sub_group_size": 1_000_000})
+    half = run({"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}, "sub_group_size": 1_000_000})
+    host = {k: sum(a.nbytes for a in r.schedule.classes[0].host) for k, r in (("full", full), ("half", half))}
+    groups = len([sp for sp in spans(full, CpuStep) if sp.op.params > 0])
+    on_cpu = groups - int(0.5 * groups)
+    assert len([sp for sp in spans(half, CpuStep) if sp.op.params > 0]) == on_cpu
+    assert host["half"] == pytest.approx(host["full"] * on_cpu / groups, rel=1e-9)
+    d2h = {k: sum(sp.op.nbytes for sp in spans(r, Copy) if sp.op.direction is Stream.D2H)
+           for k, r in (("full", full), ("half", half))}
+    assert d2h["half"] == pytest.approx(d2h["full"] * on_cpu / groups, rel=1e-9)
+    assert half.peak_pool().peak > full.peak_pool().peak      # the GPU sub-groups' 16 B per parameter
+    assert half.step_time_s < full.step_time_s                # less CPU-Adam, run beside the GPU Adam
+
+
+def test_ratio_needs_stage_3_and_the_delayed_update_needs_offload():
+    with pytest.raises(InputError, match=r"zero.offload_optimizer.ratio.*needs stage 3"):
+        scenario_from_table(table({"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}),
+                            Path("s.toml"), "s")
+    with pytest.raises(InputError, match=r"training.delayed_parameter_update.*offload_optimizer"):
+        scenario_from_table(table({"stage": 2}, delayed_parameter_update=True), Path("s.toml"), "s")
+
+
+def lecture_7b(tokens_per_step: int, delayed: bool):
+    """Llama-2-7B on one A100 with ZeRO-2 + CPU offload at the lecture's rates (reference/000
+    Sec. 4.4): CPU-Adam 1.5 G params/s, PCIe 25 GB/s."""
+    t = {"model": "llama2-7b", "cluster": "dgx-a100-80g", "nodes": 1, "gpus_per_node": 1,
+         "zero": {"stage": 2, "offload_optimizer": "cpu", "overlap_comm": True, "reduce_bucket_size": 50_000_000},
+         "training": {"seq_len": 4096, "micro_batch": 1, "grad_accum": tokens_per_step // 4096, "precision": "bf16",
+                      "recompute": "full", "delayed_parameter_update": delayed}}
+    s = scenario_from_table(t, Path("s.toml"), "s")
+    host = replace(s.cluster.host, cpu_adam_params_per_s=1.5e9, gpus_per_pcie_switch=1,
+                   pcie=LinkSpec(bandwidth=25e9, efficiency=1.0, latency=10e-6))
+    cluster = replace(s.cluster, node=replace(s.cluster.node, host=host))
+    return simulate(replace(s, cluster=cluster))
+
+
+def test_lecture_7b_at_8k_tokens_pcie_hides_cpu_adam_does_not_and_the_delayed_update_overlaps_them():
+    r = lecture_7b(8192, delayed=False)
+    compute_end = max(sp.end for sp in r.engine.spans if sp.rank == 0 and sp.op.stream is Stream.COMPUTE
+                      and sp.op.phase.value == "bwd")
+    d2h = [sp for sp in spans(r, Copy) if sp.op.direction is Stream.D2H]
+    adam = spans(r, CpuStep)
+    # PCIe: the gradient partition goes down during backward, bucket by bucket (hidden)
+    assert sum(sp.end - sp.start for sp in d2h) == pytest.approx(7e9 * 2 / 25e9, rel=0.05)
+    late = sum(max(0.0, sp.end - max(sp.start, compute_end)) for sp in d2h)
+    assert late < 0.05 * sum(sp.end - sp.start for sp in d2h)
+    # CPU-Adam: 6.7e9 parameters at 1.5 G/s, after the backward (exposed)
+    assert sum(sp.end - sp.start for sp in adam) == pytest.approx(6.74e9 / 1.5e9, rel=0.02)
+    assert min(sp.start for sp in adam) >= compute_end - 1e-9
+    # the formula's threshold is above 8K tokens: CPU-Adam + PCIe take longer than 8K tokens of GPU work
+    assert tokens_to_hide_offload(cpu_adam_params_per_s=1.5e9, pcie_bandwidth=25e9, peak_flops=312e12,
+                                  mfu=0.4) > 8192
+    dpu = lecture_7b(8192, delayed=True)
+    gpu_path = compute_end
+    cpu_path = sum(sp.end - sp.start for sp in spans(dpu, CpuStep)) + next(
+        sp.end - sp.start for sp in spans(dpu, Copy) if sp.op.direction is Stream.H2D)
+    assert dpu.step_time_s < r.step_time_s
+    assert dpu.step_time_s == pytest.approx(max(gpu_path, cpu_path), rel=0.05)
+    assert r.step_time_s == pytest.approx(gpu_path + cpu_path, rel=0.05)
