@@ -130,3 +130,16 @@ def test_lecture_7b_at_8k_tokens_pcie_hides_cpu_adam_does_not_and_the_delayed_up
     assert dpu.step_time_s < r.step_time_s
     assert dpu.step_time_s == pytest.approx(max(gpu_path, cpu_path), rel=0.05)
     assert r.step_time_s == pytest.approx(gpu_path + cpu_path, rel=0.05)
+
+
+@pytest.mark.parametrize("stage, offload", [
+    (2, {"offload_optimizer": "cpu"}),
+    (3, {"offload_optimizer": "cpu"}),
+    (3, {"offload_optimizer": {"device": "cpu", "ratio": 0.5}, "sub_group_size": 1_000_000}),
+    (3, {"offload_optimizer": "cpu", "offload_param": "cpu"}),
+])
+def test_offloading_never_raises_peak_gpu_memory(stage, offload):
+    base = run({"stage": stage, "reduce_bucket_size": 2_000_000})
+    moved = run({"stage": stage, "reduce_bucket_size": 2_000_000, **offload})
+    assert moved.peak_pool().peak <= base.peak_pool().peak
+    assert sum(a.nbytes for a in moved.schedule.classes[0].host) > 0
