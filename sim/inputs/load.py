@@ -218,21 +218,35 @@ def _training(raw: Mapping[str, Any], ds: Any, dp: int, engine: Engine, source: 
                     global_batch=global_batch, precision=Precision(t["precision"]),
                     recompute=Recompute(t["recompute"]), gradient_clipping=clipping,
                     partition_activations=t["partition_activations"] or bool(ds and ds.partition_activations),
-                    cpu_checkpointing=bool(ds and ds.cpu_checkpointing),
+                    cpu_checkpointing=_cpu_checkpointing(t, ds, source),
                     optimizer=_optimizer(t["optimizer_implementation"], engine, ds, cpu_device),
                     recompute_method=t["recompute_method"], recompute_layers=t["recompute_num_layers"],
                     delayed_parameter_update=t["delayed_parameter_update"])
 
 
+def _cpu_checkpointing(t: Mapping[str, Any], ds: Any, source: Path) -> bool:
+    """`training.cpu_checkpointing` or the DeepSpeed config's: the checkpoints of full
+    recomputation kept in host memory, so only with recompute = "full"."""
+    given = (source, "training.cpu_checkpointing") if t["cpu_checkpointing"] else \
+        (ds.path, "activation_checkpointing.cpu_checkpointing") if ds is not None and ds.cpu_checkpointing else None
+    if given is not None and t["recompute"] != Recompute.FULL:
+        raise InputError(given[0], given[1], f"true moves the checkpoints of full recomputation to the host, but "
+                         f"training.recompute is {t['recompute']!r}; allowed: recompute = \"full\", or false")
+    return given is not None
+
+
 def _optimizer(given: str | None, engine: Engine, ds: Any, cpu_device: bool) -> OptimizerImpl:
     """`training.optimizer_implementation`, else the engine's: on a CPU device torch's Adam
     runs its single-tensor loop (foreach needs CUDA tensors; DeepSpeed's CPU runs use
-    `torch_adam`); on a GPU DeepSpeed and Megatron run FusedAdam, and so does zerosim for
-    the torch engines too (torch.optim.AdamW on CUDA defaults to foreach: set it to say so)."""
+    `torch_adam`); on a GPU DeepSpeed and Megatron run FusedAdam, and the torch engines
+    torch.optim's default there, foreach (torch/optim/optimizer.py `_default_to_fused_or_foreach`:
+    fused is never the default)."""
     if given is not None:
         return OptimizerImpl(given)
     if cpu_device:
         return OptimizerImpl.FOR_LOOP
     if ds is not None and ds.torch_adam:
+        return OptimizerImpl.FOREACH
+    if engine in (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY, Engine.FSDP2):
         return OptimizerImpl.FOREACH
     return OptimizerImpl.FUSED

@@ -24,6 +24,7 @@ TRAINING_KEYS = (
     Key("recompute", str, required=False, default="none", choices=tuple(Recompute)),
     Key("gradient_clipping", float, required=False, default=None, non_negative=True),
     Key("partition_activations", bool, required=False, default=False),
+    Key("cpu_checkpointing", bool, required=False, default=False),
     Key("optimizer_implementation", str, required=False, default=None, choices=tuple(OptimizerImpl)),
     Key("recompute_method", str, required=False, default=UNIFORM, choices=METHODS),
     Key("recompute_num_layers", int, required=False, default=1, positive=True, maximum=L.MAX_LAYERS),

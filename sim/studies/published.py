@@ -163,6 +163,13 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]
                                 "precision": prec, "recompute": rec}
     if choice.partition_activations:
         training["partition_activations"] = True
+    if re.search(r"torchtitan", f.get("framework", "").lower()):
+        training["optimizer_implementation"] = "fused"    # torchtitan's optimizer.implementation default
+        notes.append("Adam fused (torchtitan's default optimizer.implementation)")
+    if choice.cpu_checkpointing:
+        if rec != "full":
+            raise Unusable("activation checkpoints offloaded to CPU without full recomputation")
+        training["cpu_checkpointing"] = True
     table: dict[str, Any] = {"model": model, "cluster": cluster, "nodes": layout.nodes, "parallel": parallel,
                              "training": training, "compute": _compute(f, cluster, choice.megatron, notes),
                              **choice.keys}

@@ -98,6 +98,7 @@ class EngineChoice:
     family: str               # "fsdp" | "deepspeed" | "megatron" | "ddp"
     megatron: bool            # a Megatron-based framework (vocab padding, micro-batch 1 default)
     partition_activations: bool = False
+    cpu_checkpointing: bool = False     # DeepSpeed's activation checkpoints in host memory
 
 
 _MP_WORDS = r"megatron|\bmp\b|\btp\b|tensor|\b[234]d\b|ptd|model parallel"
@@ -141,17 +142,17 @@ def zero_stage(zs: str, fw: str, notes: list[str]) -> int:
     return stage
 
 
-def ds_offload(text: str, stage: int, notes: list[str]) -> dict[str, str]:
+def ds_offload(text: str, stage: int, notes: list[str]) -> dict[str, Any]:
     """DeepSpeed offload keys from the offload cell, clause by clause (';'): the device each
     clause names (nvme / cpu; none = GPU) for the optimizer (gradients go with it) and, at
-    stage 3, the parameters. Activation offload is recorded, not applied: the shipped fit
-    was made before cpu_checkpointing was simulated."""
+    stage 3, the parameters; activations to the CPU as `cpu_checkpointing` (the caller moves
+    it to [training])."""
     low = " ".join(text.lower().split())
     if is_blank(low) or low in ("none", "no"):
         return {}
     if any(w in low for w in ("not stated", "exact split", "exact placement")):
         raise Unusable(f"offload placement not stated ({quote(text)})")
-    out: dict[str, str] = {}
+    out: dict[str, Any] = {}
     for clause in (c.strip() for c in low.split(";")):
         if "no offload" in clause:
             notes.append(f"offload cell also says {quote(clause)}: its first clause is used")
@@ -169,9 +170,8 @@ def ds_offload(text: str, stage: int, notes: list[str]) -> dict[str, str]:
             out.setdefault("offload_param", device)
             named = True
         if "activation" in clause:
-            notes.append("activation checkpoints offloaded to CPU per the source: not applied to this row "
-                         "(the shipped fit predates cpu_checkpointing in the simulator; the next refit should "
-                         "set it)")
+            out["cpu_checkpointing"] = True
+            notes.append("activation checkpoints in CPU memory per the source (cpu_checkpointing)")
             named = True
         if not named:
             raise Unusable(f"offload placement not stated ({quote(text)})")
@@ -206,9 +206,10 @@ def engine(f: Mapping[str, str], nodes: int, gpn: int, notes: list[str], tp: int
     if family == "deepspeed":
         stage = zero_stage(zs_text, fw, notes)
         zero: dict[str, Any] = {"stage": stage, **ds_offload(f.get("offload", ""), stage, notes)}
+        cpu_checkpointing = bool(zero.pop("cpu_checkpointing", False))
         zero.update(zero_knobs(f.get("other_config", ""), f.get("framework", ""), gpn))
         pa = "partition" in f.get("act_ckpt", "").lower() or bool(re.search(r"\bpa\b", zs))
-        return EngineChoice({"engine": "deepspeed", "zero": zero}, family, megatron, pa)
+        return EngineChoice({"engine": "deepspeed", "zero": zero}, family, megatron, pa, cpu_checkpointing)
     if family == "megatron":
         return EngineChoice({"engine": "megatron", "megatron": megatron_flags(f, tp, notes)}, family, True)
     if fw.strip() == "pytorch":

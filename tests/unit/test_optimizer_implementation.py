@@ -34,9 +34,11 @@ def table(**training) -> dict:
             "training": {"seq_len": 512, "micro_batch": 2, "grad_accum": 1, "precision": "bf16", **training}}
 
 
-def test_gpu_default_is_fused_cpu_default_is_torchs_loop_and_the_key_overrides():
+def test_gpu_default_is_torchs_foreach_for_torch_engines_fused_for_deepspeed_and_the_key_overrides():
     gpu = scenario_from_table(table(), Path("s.toml"), "s")
-    assert gpu.training.optimizer is OptimizerImpl.FUSED
+    assert gpu.training.optimizer is OptimizerImpl.FOREACH        # torch.optim on CUDA: foreach
+    ds_table = {k: v for k, v in table().items() if k != "fsdp"} | {"zero": {"stage": 2}}
+    assert scenario_from_table(ds_table, Path("s.toml"), "s").training.optimizer is OptimizerImpl.FUSED
     cpu_table = {**table(), "cluster": "local-cpu", "gpus_per_node": 2}
     assert scenario_from_table(cpu_table, Path("s.toml"), "s").training.optimizer is OptimizerImpl.FOR_LOOP
     given = scenario_from_table(table(optimizer_implementation="foreach"), Path("s.toml"), "s")
