@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sim.analytic.params import active_params, attention_params, expert_params
 from sim.core.enums import Recompute
-from sim.core.model import ModelSpec
+from sim.core.model import ModelSpec, module_tree
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +47,14 @@ def layer_flops(m: ModelSpec, seq_len: int, batch: int, *, causal: bool = False)
 def model_flops_per_token(m: ModelSpec, seq_len: int, *, causal: bool = False) -> float:
     """6 N_active + 12 L a d s (PaLM, arXiv 2204.02311 App. B), per trained token.
 
-    The 6 N term includes the embedding matrix, as PaLM does; `step_flops` uses it.
+    The 6 N term includes the embedding matrix, as PaLM does; `step_flops` uses it. With
+    LoRA the frozen weights compute no weight gradient: 4 N_active (forward and input
+    gradient) + 6 N_adapters.
     """
     attention = 12.0 * m.layers * m.heads * m.head_dim * seq_len * (0.5 if causal else 1.0)
+    if m.lora is not None:
+        adapters = sum(t.numel for mod in module_tree(m) for t in mod.tensors if t.trainable)
+        return 4.0 * active_params(m) + 6.0 * adapters + attention
     return 6.0 * active_params(m) + attention
 
 

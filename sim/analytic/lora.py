@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from sim.analytic.memory import ModelStateBytes, shard_divisors
 from sim.analytic.params import total_params
 from sim.core.enums import ZeroStage
-from sim.core.model import ModelSpec
+from sim.core.model import ModelSpec, module_tree
 
 PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -46,4 +46,16 @@ def lora_model_state_bytes(m: ModelSpec, rank: int, targets: Iterable[str], dp: 
     base = base_bytes_per_param * total_params(m)
     p_div, g_div, o_div = shard_divisors(dp, stage)
     return ModelStateBytes(params=(base + 2.0 * trainable) / p_div,
+                           grads=2.0 * trainable / g_div, optimizer=k * trainable / o_div)
+
+
+def lora_states(m: ModelSpec, dp: int, stage: ZeroStage, *, k: float = 12.0) -> ModelStateBytes:
+    """lora_model_state_bytes for a model that carries its LoRA config (`m.lora`): the
+    frozen base and the adapters counted from the module tree (sim.core.model)."""
+    tensors = [t for mod in module_tree(m) for t in mod.tensors]
+    trainable = sum(t.numel for t in tensors if t.trainable)
+    frozen = sum(t.numel for t in tensors if not t.trainable)
+    p_div, g_div, o_div = shard_divisors(dp, stage)
+    base_div = dp if stage == ZeroStage.PARAMETERS else 1
+    return ModelStateBytes(params=2.0 * frozen / base_div + 2.0 * trainable / p_div,
                            grads=2.0 * trainable / g_div, optimizer=k * trainable / o_div)

@@ -34,9 +34,10 @@ def params_per_stage(m: ModelSpec, tp: int, pp: int) -> list[float]:
     return stages
 
 
-def rank_tensors(m: ModelSpec, tp: int, pp: int, stage: int) -> list[tuple[int, bool]]:
+def rank_tensors(m: ModelSpec, tp: int, pp: int, stage: int, *, trainable_only: bool = False) -> list[tuple[int, bool]]:
     """(numel on one TP rank, inside a block?) of every tensor pipeline stage `stage` holds:
-    Linear and embedding weights split t ways (rounded up), norms replicated."""
+    Linear and embedding weights split t ways (rounded up), norms replicated; with
+    `trainable_only`, only the tensors that get gradients (LoRA freezes the base)."""
     per = m.layers // pp
     out = []
     for mod in module_tree(m):
@@ -46,6 +47,8 @@ def rank_tensors(m: ModelSpec, tp: int, pp: int, stage: int) -> list[tuple[int, 
             here = stage == (0 if mod.kind == "embedding" else pp - 1)
         if here:
             for t in mod.tensors:
+                if trainable_only and not t.trainable:
+                    continue
                 numel = t.numel if mod.kind == "norm" or tp == 1 else -(-t.numel // tp)
                 out.append((numel, mod.block is not None))
     return out
@@ -59,6 +62,7 @@ class TensorGroup:
     shape: tuple[int, ...]      # the unsplit tensor's shape
     count: int
     in_block: bool
+    trainable: bool = True      # False: LoRA's frozen base (no gradient, no optimizer state)
 
 
 def stage_census(m: ModelSpec, tp: int, pp: int, stage: int) -> list[TensorGroup]:
@@ -74,14 +78,24 @@ def stage_census(m: ModelSpec, tp: int, pp: int, stage: int) -> list[TensorGroup
         for t in mod.tensors:
             numel = t.numel if mod.kind == "norm" or tp == 1 else -(-t.numel // tp)
             if mod.block is not None:
-                block.append(TensorGroup(numel, t.shape, per, True))
+                block.append(TensorGroup(numel, t.shape, per, True, t.trainable))
             elif mod.kind == "embedding":
                 if stage == 0:
-                    before.append(TensorGroup(numel, t.shape, 1, False))
+                    before.append(TensorGroup(numel, t.shape, 1, False, t.trainable))
             elif stage == pp - 1:
-                after.append(TensorGroup(numel, t.shape, 1, False))
+                after.append(TensorGroup(numel, t.shape, 1, False, t.trainable))
     return before + block + after
 
 
 def census_numel(groups: list[TensorGroup]) -> int:
     return sum(g.numel * g.count for g in groups)
+
+
+def trainable(groups: list[TensorGroup]) -> list[TensorGroup]:
+    """The groups that get gradients and optimizer state (all of them without LoRA)."""
+    return [g for g in groups if g.trainable]
+
+
+def frozen_numel(groups: list[TensorGroup]) -> int:
+    """Elements of LoRA's frozen base (0 without LoRA)."""
+    return sum(g.numel * g.count for g in groups if not g.trainable)

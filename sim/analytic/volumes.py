@@ -25,13 +25,16 @@ def _once(n_bytes: float, dp: int) -> float:
 def deepspeed_volume(tensors: list[tuple[int, bool]], dp: int, stage: int, *, grad_accum: int, elem: int,
                      clipping: bool, persistence_threshold: int = 100_000,
                      multi_rank_allreduce: bool = True, recompute_share: float = 0.0,
-                     fp16: bool = False) -> dict[str, float]:
+                     fp16: bool = False, grad_tensors: list[int] | None = None) -> dict[str, float]:
     """DeepSpeed ZeRO-0/1/2/3 (reference 1.5) over one rank's tensors (numel, in a block?),
     grad-norm all-reduce of 4 B when clipping. ZeRO-3 gathers each module for forward, for
     backward and, for the share `recompute_share` of the blocks that full recomputation
-    runs again, for the recomputed forward as well (every block has the same tensors)."""
+    runs again, for the recomputed forward as well (every block has the same tensors).
+    `grad_tensors`: the numels that get gradients, when not all do (LoRA: the adapters);
+    at stages 1-2 only they are partitioned, so the post-step gather is theirs too."""
     numels = [n for n, _ in tensors]
-    psi = sum(numels)
+    grads = numels if grad_tensors is None else grad_tensors
+    psi = sum(grads)
     out: dict[str, float] = {}
     # the step's norm: always at stages 1-3 (fp32 at 1-2, fp64 at 3), with clipping at stage 0;
     # fp16 at stages 1-2 adds an overflow check
@@ -44,7 +47,7 @@ def deepspeed_volume(tensors: list[tuple[int, bool]], dp: int, stage: int, *, gr
         persistent = sum(tensor_padded(n, dp) for n in numels if n <= persistence_threshold)
         uses = gathered(True) * (2 + recompute_share) + 2 * gathered(False)   # recomputed blocks: 3 gathers
         out["all_gather"] = grad_accum * _once(elem * uses, dp) + (_once(elem * persistent, dp) if persistent else 0.0)
-        out["reduce_scatter"] = grad_accum * _once(elem * sum(tensor_padded(n, dp) for n in numels), dp)
+        out["reduce_scatter"] = grad_accum * _once(elem * sum(tensor_padded(n, dp) for n in grads), dp)
         out["all_reduce"] = norm
         return {k: v for k, v in out.items() if v}
     reductions = grad_accum if stage == ZeroStage.GRADIENTS else 1
@@ -90,12 +93,13 @@ def fsdp2_engine_volume(m: ModelSpec, dp: int, *, grad_accum: int, param_bytes: 
                         reshard_after_forward: bool, reshard_root: bool, clipping: bool) -> dict[str, float]:
     """FSDP2 per block + root: forward all-gather of every unit, backward all-gather of the
     resharded blocks (and of the root when it is resharded too), one reduce-scatter per unit,
-    every micro-step."""
+    every micro-step; only the tensors with gradients are reduced (LoRA: the adapters)."""
     blocks = sum(dim0_padded(t.shape, dp) for mod in module_tree(m) if mod.block is not None for t in mod.tensors)
     total = sum(dim0_padded(t.shape, dp) for mod in module_tree(m) for t in mod.tensors)
+    grads = sum(dim0_padded(t.shape, dp) for mod in module_tree(m) for t in mod.tensors if t.trainable)
     gathered = total + (blocks if reshard_after_forward else 0) + ((total - blocks) if reshard_root else 0)
     out = {"all_gather": grad_accum * _once(param_bytes * gathered, dp),
-           "reduce_scatter": grad_accum * _once(reduce_bytes * total, dp)}
+           "reduce_scatter": grad_accum * _once(reduce_bytes * grads, dp)}
     if clipping:
         out["all_reduce"] = _ar(4.0, dp)
     return out

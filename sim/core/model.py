@@ -40,9 +40,24 @@ class Position(StrEnum):
     LEARNED = "learned"  # an Embedding of max_positions x hidden
 
 
+@dataclass(frozen=True, slots=True)
+class LoraSpec:
+    """PEFT's LoraConfig as simulated (peft/tuners/lora/config.py): rank-`rank` adapters on
+    the Linears inside the blocks that `targets` names. A target matches a module whose
+    name is the target or ends with "." + target (peft/tuners/tuners_utils.py
+    `check_target_module_exists`); "all-linear" matches every Linear of the blocks."""
+
+    rank: int
+    targets: tuple[str, ...]
+
+    def targets_module(self, name: str) -> bool:
+        return self.targets == ("all-linear",) or any(name == t or name.endswith("." + t) for t in self.targets)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
-    """A decoder-only transformer, as its HF config.json describes it."""
+    """A decoder-only transformer, as its HF config.json describes it; `lora`: fine-tuned
+    with LoRA adapters (the base frozen)."""
 
     name: str
     family: Family
@@ -61,6 +76,7 @@ class ModelSpec:
     max_positions: int       # only counted when position is LEARNED
     experts: int = 1         # MoE: experts per layer (1 = dense)
     experts_per_token: int = 1
+    lora: LoraSpec | None = None
 
     @property
     def q_dim(self) -> int:
@@ -73,10 +89,11 @@ class ModelSpec:
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
-    """One parameter tensor."""
+    """One parameter tensor; `trainable` false for a frozen one (no gradient, no optimizer state)."""
 
     name: str
     shape: tuple[int, ...]
+    trainable: bool = True
 
     @property
     def numel(self) -> int:
@@ -128,10 +145,16 @@ class ModuleSpec:
     feeds_attention: bool = False
     place: Place = Place.OTHER
     conv1d: bool = False     # weight stored (in, out), HF GPT-2's Conv1D; nn.Linear is (out, in)
+    wrapper: str = ""        # PEFT's lora.Linear that holds it (base_layer, lora_A, lora_B), or ""
+    lora: str = ""           # "A" or "B" for an adapter, else ""
 
     @property
     def numel(self) -> int:
         return sum(t.numel for t in self.tensors)
+
+    @property
+    def trainable(self) -> bool:
+        return any(t.trainable for t in self.tensors)
 
 
 def module_tree(m: ModelSpec) -> list[ModuleSpec]:
@@ -144,7 +167,31 @@ def module_tree(m: ModelSpec) -> list[ModuleSpec]:
     mods.append(replace(_norm("model.norm", m, None), role=Role.FINAL_NORM))
     if not m.tied_embeddings:
         mods.append(replace(_linear("lm_head", m.vocab, m.hidden, bias=False, block=None), role=Role.HEAD))
-    return mods
+    return _with_lora(mods, m.lora) if m.lora else mods
+
+
+def _with_lora(mods: list[ModuleSpec], lora: LoraSpec) -> list[ModuleSpec]:
+    """PEFT's model: every parameter frozen; each targeted Linear becomes a lora.Linear
+    holding the frozen `base_layer` and two trainable Linears without bias, `lora_A.default`
+    (in -> r) and `lora_B.default` (r -> out), run in that order (peft/tuners/lora/layer.py
+    `Linear.forward`: base, then B(A(dropout(x))) x scaling added)."""
+    out = []
+    for mod in mods:
+        frozen = replace(mod, tensors=tuple(replace(t, trainable=False) for t in mod.tensors))
+        if mod.kind != "linear" or mod.block is None or not lora.targets_module(mod.name):
+            out.append(frozen)
+            continue
+        w = mod.tensors[0].shape
+        out_features, in_features = (w[1], w[0]) if mod.conv1d else (w[0], w[1])
+        base = f"{mod.name}.base_layer"
+        out.append(replace(frozen, name=base, feeds_attention=False, wrapper=mod.name,
+                           tensors=tuple(replace(t, name=t.name.replace(mod.name, base, 1)) for t in frozen.tensors)))
+        for half, shape in (("A", (lora.rank, in_features)), ("B", (out_features, lora.rank))):
+            name = f"{mod.name}.lora_{half}.default"
+            out.append(ModuleSpec(name, "linear", mod.block, (TensorSpec(f"{name}.weight", shape),), mod.expert,
+                                  container=mod.container, feeds_attention=mod.feeds_attention and half == "B",
+                                  place=Place.OTHER, wrapper=mod.name, lora=half))
+    return out
 
 
 def _block(m: ModelSpec, i: int) -> list[ModuleSpec]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 
 from sim.analytic.kernels import memory
-from sim.analytic.placement import TensorGroup, census_numel, rank_tensors
+from sim.analytic.placement import TensorGroup, census_numel, rank_tensors, trainable
 from sim.analytic.volumes import ddp_engine_volume
 from sim.core.enums import Coll, Engine, ScheduleMode
 from sim.core.model import module_buffers
@@ -26,7 +26,7 @@ from sim.engines.buckets import DdpBucket
 from sim.engines.layout import Layout
 from sim.engines.model import EngineModel
 from sim.engines.policies import GpuAdam
-from sim.engines.resident import Resident, resident
+from sim.engines.resident import Resident, frozen_base, resident
 from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, Stream
 from sim.engines.skeleton import B, F, Planner, Use
 from sim.inputs.scenario import Scenario
@@ -56,7 +56,7 @@ class DdpPlanner(Planner):
         self.bucket = DdpBucket(self.s.ddp.bucket_cap, self.grad_bytes)
         self.broadcast = self.s.ddp.broadcast_buffers
         self.reductions: list[OpRef] = []
-        self.tensors = [t for g in self.granules for t in g.tensors]
+        self.tensors = [t for g in self.granules for t in g.grad_tensors]   # those with gradients
         self.owned = greedy_partition(self.tensors, self.dp) if self.zero1 else []
 
     def resident_allocations(self, census: list[TensorGroup]) -> Resident:
@@ -64,7 +64,7 @@ class DdpPlanner(Planner):
 
     def optimizer_params(self) -> float:
         if not self.zero1:
-            return float(self.psi)
+            return float(self.grad_psi)
         return float(max(sum(self.tensors[i] for i in own) for own in self.owned))
 
     def optimizer_tensors(self) -> int:
@@ -94,12 +94,12 @@ class DdpPlanner(Planner):
         view, `gradient_as_bucket_view=False`), on the compute stream; full buckets are
         all-reduced."""
         g = self.granules[use.index]
-        if use.what is not B or use.micro_step != self.boundary or not g.numel:
+        if use.what is not B or use.micro_step != self.boundary or not g.grad_numel:
             return
         copy = self.compute("DDP copy gradients into buckets", Phase.BWD, use.micro_step,
-                            (memory("grad -> bucket view (x 1/dp)", 2.0 * self.grad_bytes * g.numel),), g.block,
+                            (memory("grad -> bucket view (x 1/dp)", 2.0 * self.grad_bytes * g.grad_numel),), g.block,
                             [op])
-        for numel in reversed(g.tensors):
+        for numel in reversed(g.grad_tensors):
             for size in self.bucket.add(numel):
                 self._all_reduce(size, copy, use)
 
@@ -120,7 +120,7 @@ class DdpPlanner(Planner):
         self.wait_before_next_compute(self.reductions[-1] if self.reductions else None)
         # finalize_backward: each bucket's result copied back into the .grad tensors
         self.compute("DDP copy buckets back to gradients", Phase.BWD, ms,
-                     (memory("bucket view -> grad", 2.0 * self.grad_bytes * self.psi),), None)
+                     (memory("bucket view -> grad", 2.0 * self.grad_bytes * self.grad_psi),), None)
 
     def optimizer_step(self) -> None:
         norm = self.grad_norm()
@@ -148,11 +148,15 @@ class DdpPlanner(Planner):
 
 
 def ddp_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
-    psi = census_numel(census)
+    """fp32 parameters, gradients, bucket copies and Adam m, v of the tensors with gradients;
+    LoRA's frozen base in 16 bits (sim.engines.resident.frozen_base)."""
+    learned = trainable(census)
+    psi = census_numel(learned)
     optimizer_params = psi
     if s.engine is Engine.DDP_ZERO_REDUNDANCY:
-        optimizer_params = max(greedy_loads(census, s.parallel.dp))
-    return resident(s, [Alloc(Mem.PARAMS, "fp32 parameters", 4.0 * psi), Alloc(Mem.GRADS, "fp32 gradients", 4.0 * psi),
+        optimizer_params = max(greedy_loads(learned, s.parallel.dp))
+    return resident(s, [*frozen_base(census), Alloc(Mem.PARAMS, "fp32 parameters", 4.0 * psi),
+                        Alloc(Mem.GRADS, "fp32 gradients", 4.0 * psi),
                         Alloc(Mem.BUFFERS, "DDP gradient buckets", 4.0 * psi),
                         Alloc(Mem.OPTIMIZER, "Adam m and v", 8.0 * optimizer_params)], [])
 
@@ -187,7 +191,7 @@ def ddp_volume(s: Scenario) -> dict[str, float]:
     """fp32 gradients all-reduced once per step (+ the clipping norm), ZeroRedundancy's
     parameter broadcasts, and the module-buffer broadcast (sim.analytic.volumes)."""
     assert s.ddp is not None
-    psi = sum(n for n, _ in rank_tensors(s.model, s.parallel.tp, s.parallel.pp, 0))
+    psi = sum(n for n, _ in rank_tensors(s.model, s.parallel.tp, s.parallel.pp, 0, trainable_only=True))
     buffers = sum(b.numel * b.element_bytes for b in module_buffers(s.model)) if s.ddp.broadcast_buffers else 0.0
     return ddp_engine_volume(psi, s.parallel.dp, zero_redundancy=s.engine is Engine.DDP_ZERO_REDUNDANCY,
                              clipping=s.training.gradient_clipping > 0, buffer_bytes=buffers)

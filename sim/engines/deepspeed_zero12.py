@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 from sim.analytic.comm import flat_padded
-from sim.analytic.placement import TensorGroup, census_numel, rank_tensors
+from sim.analytic.placement import TensorGroup, census_numel, rank_tensors, trainable
 from sim.analytic.volumes import deepspeed_volume
 from sim.core.enums import Coll, ScheduleMode, ZeroStage
 from sim.core.errors import InputError
@@ -31,7 +31,7 @@ from sim.engines.layout import Layout
 from sim.engines.model import EngineModel
 from sim.engines.offload import DeepSpeedCpuAdam, delayed_update
 from sim.engines.policies import GpuAdam
-from sim.engines.resident import Resident, half_bytes, resident
+from sim.engines.resident import Resident, frozen_base, half_bytes, resident
 from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, Stream
 from sim.engines.skeleton import B, Planner, Use
 from sim.inputs.scenario import Scenario
@@ -54,7 +54,7 @@ class Zero12Planner(Planner):
         self.in_flight: OpRef | None = None   # the last bucket reduction launched (overlap_comm)
         self.offload_copies: list[OpRef] = []
         self.delayed: OpRef | None = None     # the delayed update's last copy (start_of_step)
-        self.padded = flat_padded(self.psi, self.dp)
+        self.padded = flat_padded(self.grad_psi, self.dp)   # the optimizer's flat partition (trainable tensors)
 
     def resident_allocations(self, census: list[TensorGroup]) -> Resident:
         return zero12_resident(self.s, census)
@@ -81,7 +81,7 @@ class Zero12Planner(Planner):
         if use.what is not B or not self.in_hooks() or not self.reduces_now(use.micro_step):
             return
         g = self.granules[use.index]
-        for numel in reversed(g.tensors):
+        for numel in reversed(g.grad_tensors):
             for elements in self.bucket.add(numel):
                 self.reduce_bucket(elements, use.micro_step, op, g.block)
 
@@ -91,7 +91,7 @@ class Zero12Planner(Planner):
         last = self.b.last(Stream.COMPUTE)
         if not self.in_hooks():   # ZeRO-0 / ZeRO-1 without overlap: walk every gradient now
             for g in reversed(self.granules):
-                for numel in reversed(g.tensors):
+                for numel in reversed(g.grad_tensors):
                     for elements in self.bucket.add(numel):
                         self.reduce_bucket(elements, ms, last, g.block)
         for elements in self.bucket.flush():
@@ -161,11 +161,11 @@ class Zero12Planner(Planner):
 def zero12_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
     z, h, stage, dp = s.zero, half_bytes(s), s.zero_stage, s.parallel.dp
     assert z is not None
-    psi = census_numel(census)
+    psi = census_numel(trainable(census))     # the optimizer's parameters (LoRA: the adapters)
     padded = flat_padded(psi, dp)
     n = dp if stage >= ZeroStage.OPTIMIZER else 1
     offload = z.offload_optimizer.enabled
-    device = [Alloc(Mem.PARAMS, "16-bit parameters", h * psi)]
+    device = [*frozen_base(census), Alloc(Mem.PARAMS, "16-bit parameters", h * psi)]
     if not (offload and stage >= ZeroStage.GRADIENTS):
         device.append(Alloc(Mem.GRADS, "16-bit gradients", h * padded / (dp if stage >= ZeroStage.GRADIENTS else 1)))
     host: list[Alloc] = []
@@ -191,7 +191,9 @@ def zero12_volume(s: Scenario) -> dict[str, float]:
 def deepspeed_dp_volume(s: Scenario) -> dict[str, float]:
     t, z = s.training, s.zero
     assert z is not None
-    return deepspeed_volume(rank_tensors(s.model, s.parallel.tp, s.parallel.pp, 0), s.parallel.dp, int(z.stage),
+    p = s.parallel
+    grads = [n for n, _ in rank_tensors(s.model, p.tp, p.pp, 0, trainable_only=True)] if s.model.lora else None
+    return deepspeed_volume(rank_tensors(s.model, p.tp, p.pp, 0), p.dp, int(z.stage), grad_tensors=grads,
                             grad_accum=t.grad_accum, elem=BYTES_PER_ELEMENT[t.precision.value],
                             clipping=t.gradient_clipping > 0, persistence_threshold=z.param_persistence_threshold,
                             multi_rank_allreduce=not (z.reduce_scatter and not z.use_multi_rank_bucket_allreduce),

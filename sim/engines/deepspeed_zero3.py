@@ -25,12 +25,13 @@ gathered batch in memory.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from functools import cached_property
 from typing import NamedTuple
 
 from sim.analytic import kernels as kn
 from sim.analytic.comm import tensor_padded
-from sim.analytic.placement import TensorGroup
+from sim.analytic.placement import TensorGroup, trainable
 from sim.core.enums import Coll, ScheduleMode, ZeroStage
 from sim.core.specs import IntraNodeTopology
 from sim.engines.buckets import DeepSpeedBucket
@@ -77,6 +78,8 @@ class Zero3Planner(Planner):
             if numels:
                 self.fetch[i] = Fetch(owner, sum(numels), sum(tensor_padded(n, self.dp) for n in numels), len(numels))
         self.padded_total = sum(tensor_padded(n, self.dp) for g in self.granules for n in g.tensors)
+        # the optimizer's partition: the tensors with gradients (LoRA: the adapters)
+        self.padded_trainable = sum(tensor_padded(n, self.dp) for g in self.granules for n in g.grad_tensors)
         self.persistent_numel = sum(self.granules[self._owner_index(o)].tensors[j] for o, j in self.persistent)
         self.bucket = DeepSpeedBucket(self.z.reduce_bucket_size)
         self.bucket_padded = 0
@@ -88,7 +91,7 @@ class Zero3Planner(Planner):
         self.offload_copies: list[OpRef] = []
         opt = self.z.offload_optimizer
         # the share of the partition CPU-Adam steps: only its gradients go to the host
-        self.cpu_share = cpu_share(self.padded_total / self.dp, self.z.sub_group_size, opt.ratio) if opt.enabled else 0.0
+        self.cpu_share = cpu_share(self.padded_trainable / self.dp, self.z.sub_group_size, opt.ratio) if opt.enabled else 0.0
         self.delayed: OpRef | None = None     # the delayed update's last copy (start_of_step)
         self.hook_time: OpRef | None = None
         self._in_backward = False
@@ -120,7 +123,7 @@ class Zero3Planner(Planner):
         for ms in range(self.t.grad_accum):
             self.micro_step(ms)
         self.optimizer_step()
-        return Schedule(self.name, [self.b.finish()], self.notes())
+        return Schedule(self.name, [self.b.finish()], self.notes() + self.lora_notes())
 
     def hook_calls(self, use: Use) -> int:
         """DeepSpeed's pre- and post-hooks of the module (fetch and release bookkeeping,
@@ -281,7 +284,7 @@ class Zero3Planner(Planner):
         g = self.granules[use.index]
         if use.what is not B or g.shares:
             return
-        for n in reversed(g.tensors):
+        for n in reversed(g.grad_tensors):
             if self.bucket.add(n):   # the bucket overflowed: reduce what it held before n
                 self._reduce_scatter(use.micro_step, op, g.block)
             self.bucket_padded += tensor_padded(n, self.dp)
@@ -320,12 +323,12 @@ class Zero3Planner(Planner):
 
     def start_of_step(self) -> None:
         if self.z.offload_optimizer.enabled and self.t.delayed_parameter_update:
-            self.delayed = delayed_update(self.b, self._offload_step(), self.boundary, self.padded_total / self.dp)
+            self.delayed = delayed_update(self.b, self._offload_step(), self.boundary, self.padded_trainable / self.dp)
 
     def optimizer_step(self) -> None:
         # stage3.py step(): the global norm is always computed, in float64 (8 B all-reduce)
         norm = self.grad_norm(always=True, nbytes=8.0)
-        shard = self.padded_total / self.dp
+        shard = self.padded_trainable / self.dp
         if self.delayed is not None:      # the CPU path began with the step
             self.b.stream_wait(Stream.COMPUTE, self.delayed)
         elif self.z.offload_optimizer.enabled:
@@ -359,13 +362,17 @@ class Zero3Planner(Planner):
 def zero3_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
     z, h, dp = s.zero, half_bytes(s), s.parallel.dp
     assert z is not None
-    shard = sum(tensor_padded(g.numel, dp) * g.count for g in census) / dp
+    every = sum(tensor_padded(g.numel, dp) * g.count for g in census) / dp
+    shard = sum(tensor_padded(g.numel, dp) * g.count for g in trainable(census)) / dp   # the optimizer's
+    frozen = every - shard      # LoRA's frozen base: partitioned and gathered, no gradient or optimizer state
     device: list[Alloc] = []
     host: list[Alloc] = []
+    params = [Alloc(Mem.PARAMS, "16-bit parameter partition", h * shard),
+              Alloc(Mem.PARAMS, "frozen 16-bit base partition (LoRA)", 2.0 * frozen)]
     if z.offload_param.enabled:
-        host.append(Alloc(Mem.PARAMS, "16-bit parameter partition (pinned)", h * shard))
+        host += [replace(a, label=f"{a.label} (pinned)") for a in params]
     else:
-        device.append(Alloc(Mem.PARAMS, "16-bit parameter partition", h * shard))
+        device += params
     device.append(Alloc(Mem.PARAMS, "persistent parameters", h * persistent_numel(s, census)))
     if z.offload_optimizer.enabled:
         on_cpu = cpu_share(shard, z.sub_group_size, z.offload_optimizer.ratio) * shard

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from sim.analytic.comm import dim0_padded
 from sim.analytic.kernels import memory
-from sim.analytic.placement import TensorGroup
+from sim.analytic.placement import TensorGroup, trainable
 from sim.analytic.volumes import fsdp2_engine_volume
 from sim.core.enums import Coll, Engine, ScheduleMode
 from sim.core.errors import InputError
@@ -47,6 +47,7 @@ class Fsdp2Planner(Planner):
         self.p_bytes = self.elem(f.param_dtype or self.half)
         self.r_bytes = self.elem(f.reduce_dtype or f.param_dtype or self.half)
         self.padded = self._padded_by_unit()          # unit index -> padded elements
+        self.grad_padded = self._padded_by_unit(trainable_only=True)   # of them, with gradients (LoRA)
         self.total_padded = sum(self.padded.values())
         self.ag: dict[tuple[int, int, Phase], OpRef] = {}  # (micro-step, unit, pass) -> AG op
         self.fwd_done: dict[int, OpRef] = {}
@@ -57,12 +58,13 @@ class Fsdp2Planner(Planner):
     def resident_allocations(self, census: list[TensorGroup]) -> Resident:
         return fsdp2_resident(self.s, census)
 
-    def _padded_by_unit(self) -> dict[int, int]:
+    def _padded_by_unit(self, trainable_only: bool = False) -> dict[int, int]:
         """Unit -1 is the root (embedding, final norm, head); unit i is block i."""
         out: dict[int, int] = {}
         for mod in module_tree(self.m):
             unit = -1 if mod.block is None else mod.block
-            out[unit] = out.get(unit, 0) + sum(dim0_padded(t.shape, self.dp) for t in mod.tensors)
+            out[unit] = out.get(unit, 0) + sum(dim0_padded(t.shape, self.dp) for t in mod.tensors
+                                               if t.trainable or not trainable_only)
         return out
 
     def hook_calls(self, use: Use) -> int:
@@ -149,8 +151,10 @@ class Fsdp2Planner(Planner):
             return
         self.bwd_done[unit] = op
         self._free(op, unit)   # reshard after backward
-        nbytes = self.r_bytes * self.padded[unit]
-        grads = Alloc(Mem.GRADS, f"unsharded gradients unit {unit}", self.p_bytes * self.padded[unit])
+        if not self.grad_padded[unit]:   # a unit of frozen parameters only (LoRA): nothing to reduce
+            return
+        nbytes = self.r_bytes * self.grad_padded[unit]
+        grads = Alloc(Mem.GRADS, f"unsharded gradients unit {unit}", self.p_bytes * self.grad_padded[unit])
         self.b.attach(op, alloc=(grads,))
         self.wait_before_next_compute(self.prev_rs)   # at most one reduce-scatter outstanding
         name = f"reduce-scatter copy-in unit {unit}"
@@ -160,7 +164,7 @@ class Fsdp2Planner(Planner):
                              deps=[copy_in], layer=None if unit == -1 else unit, free=(grads,), purpose="grad")
         self.prev_rs, self.last_rs = rs, rs
         if self.f.cpu_offload:
-            self.last_rs = self.copy(Stream.D2H, 4.0 * self.padded[unit] / self.dp, "D2H gradient shard",
+            self.last_rs = self.copy(Stream.D2H, 4.0 * self.grad_padded[unit] / self.dp, "D2H gradient shard",
                                      Phase.BWD, ms, deps=[rs])
 
     def _free(self, op: OpRef, unit: int) -> None:
@@ -173,11 +177,11 @@ class Fsdp2Planner(Planner):
 
     def optimizer_step(self) -> None:
         norm = self.grad_norm()
-        shard = self.total_padded / self.dp
+        shard = sum(self.grad_padded.values()) / self.dp
         if self.f.cpu_offload:
             self.optimizer(TorchCpuAdam(TORCH_CPU_ADAM_SLOWDOWN), shard, [norm, self.last_rs])
         else:
-            tensors = sum(len(g.tensors) for g in self.granules)   # one DTensor shard per parameter
+            tensors = sum(len(g.grad_tensors) for g in self.granules)   # one DTensor shard per parameter
             self.optimizer(GpuAdam(self.t.optimizer, tensors), shard, [norm])
 
     def notes(self) -> list[str]:
@@ -187,11 +191,14 @@ class Fsdp2Planner(Planner):
 
 def fsdp2_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
     assert s.fsdp is not None
-    shard = sum(dim0_padded(g.shape, s.parallel.dp) * g.count for g in census) / s.parallel.dp
+    dp = s.parallel.dp
+    shard = sum(dim0_padded(g.shape, dp) * g.count for g in trainable(census)) / dp
+    frozen = sum(dim0_padded(g.shape, dp) * g.count for g in census if not g.trainable) / dp
+    base = [Alloc(Mem.PARAMS, "frozen 16-bit base shards (LoRA)", 2.0 * frozen)]
     if s.fsdp.cpu_offload:
-        return resident(s, [], [Alloc(Mem.OPTIMIZER, "fp32 parameter, gradient and Adam shards (CPUOffloadPolicy)",
-                                      16.0 * shard)])
-    return resident(s, [Alloc(Mem.PARAMS, "fp32 parameter shards", 4.0 * shard),
+        return resident(s, [], [*base, Alloc(Mem.OPTIMIZER, "fp32 parameter, gradient and Adam shards "
+                                             "(CPUOffloadPolicy)", 16.0 * shard)])
+    return resident(s, [*base, Alloc(Mem.PARAMS, "fp32 parameter shards", 4.0 * shard),
                         Alloc(Mem.GRADS, "fp32 gradient shards", 4.0 * shard),
                         Alloc(Mem.OPTIMIZER, "Adam m and v", 8.0 * shard)], [])
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.analytic.placement import TensorGroup, frozen_numel
 from sim.core.model import module_buffers
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.schedule import Alloc, Mem
@@ -55,6 +56,13 @@ def resident(s: Scenario, device: list[Alloc], host: list[Alloc]) -> Resident:
     buffers = sum(b.numel * b.element_bytes for b in module_buffers(s.model))
     device = [*device, Alloc(Mem.BUFFERS, "module buffers", buffers)]
     return Resident(tuple(a for a in device if a.nbytes > 0), tuple(a for a in host if a.nbytes > 0))
+
+
+def frozen_base(census: list[TensorGroup], *, shards: int = 1) -> list[Alloc]:
+    """LoRA's frozen base: 16-bit weights, no gradient, no optimizer state (PEFT recipes load
+    the base in bf16), split `shards` ways where the engine shards parameters (ZeRO-3, FSDP2)."""
+    frozen = frozen_numel(census)
+    return [Alloc(Mem.PARAMS, "frozen 16-bit base (LoRA)", 2.0 * frozen / shards)] if frozen else []
 
 
 def half_bytes(s: Scenario) -> int:

@@ -70,6 +70,7 @@ class Planner:
             granules = all_units if self.per_module else blocks(all_units)
         self.granules: list[Unit] = [g for g in granules if self._on_this_stage(g)]
         self.psi = sum(u.numel for u in self.granules)   # parameters per TP rank
+        self.grad_psi = sum(u.grad_numel for u in self.granules)   # of them, those with gradients (LoRA: adapters)
         self.boundary = self.t.grad_accum - 1
 
     def _on_this_stage(self, g: Unit) -> bool:
@@ -187,7 +188,7 @@ class Planner:
             if part is not Part.FORWARD:
                 self.part(ms, Direction.BACKWARD)
         self.optimizer_step()
-        return Schedule(self.name, [self.b.finish()], self.notes())
+        return Schedule(self.name, [self.b.finish()], self.notes() + self.lora_notes())
 
     def part(self, ms: int, direction: Direction) -> None:
         """The forward or the backward of micro-step `ms`: receive, the uses, send (and the
@@ -391,6 +392,16 @@ class Planner:
 
     def notes(self) -> list[str]:
         return []
+
+    def lora_notes(self) -> list[str]:
+        """What LoRA changes, for the report (sim.core.model.LoraSpec)."""
+        lora = self.m.lora
+        if lora is None:
+            return []
+        return [f"LoRA r {lora.rank} on {', '.join(lora.targets)}: {self.grad_psi:,} trainable parameters of "
+                f"{self.psi:,} ({100 * self.grad_psi / self.psi:.2f}%); the frozen base computes no weight "
+                "gradients and has no gradient traffic or optimizer state; activations are counted as for full "
+                "fine-tuning (an upper estimate: frozen Linears need not save their inputs)"]
 
     # -- shared pieces ---------------------------------------------------------------------
     def optimizer(self, placement: OptimizerPlacement, params: float, deps: Iterable[OpRef | None] = ()) -> OpRef:

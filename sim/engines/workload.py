@@ -32,10 +32,22 @@ class Unit:
     role: Role = Role.BLOCK           # what it is in the model (sim.core.model.Role)
     containers: tuple[str, ...] = ("root",)   # the modules with children that enclose it,
                                               # outermost first (DeepSpeed hooks them too)
+    trainable: tuple[bool, ...] | None = None  # per tensor; None: all of them (no LoRA)
 
     @property
     def numel(self) -> int:
         return sum(self.tensors)
+
+    @property
+    def grad_tensors(self) -> tuple[int, ...]:
+        """The numel of each tensor that gets a gradient (all but LoRA's frozen base)."""
+        if self.trainable is None:
+            return self.tensors
+        return tuple(n for n, keep in zip(self.tensors, self.trainable, strict=True) if keep)
+
+    @property
+    def grad_numel(self) -> int:
+        return sum(self.grad_tensors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,12 +82,13 @@ def units(m: ModelSpec, shape: Shape) -> tuple[Unit, ...]:
     core: tuple[Passes, tuple[Kernel, ...]] | None = None
     for mod in module_tree(m):
         shards = tuple(_tp_numel(t.shape, mod.kind, shape.tp) for t in mod.tensors)
-        where = _containers(mod.block, mod.container)
+        where = _containers(mod.block, mod.container) + ((mod.wrapper,) if mod.wrapper else ())
         name = _in_block(mod.name, mod.block)
-        key = (name, mod.kind, mod.place, mod.role, mod.expert, tuple(t.shape for t in mod.tensors))
+        key = (name, mod.kind, mod.place, mod.role, mod.expert, tuple(t.shape for t in mod.tensors), mod.trainable)
         if key not in made:
             made[key] = _module_passes(m, replace(mod, name=name), shape)
-        out.append(Unit(mod.name, mod.block, shards, made[key], role=mod.role, containers=where))
+        trainable = tuple(t.trainable for t in mod.tensors) if m.lora else None
+        out.append(Unit(mod.name, mod.block, shards, made[key], role=mod.role, containers=where, trainable=trainable))
         if mod.feeds_attention:
             if core is None:
                 core = _attention_core(m, shape)
@@ -98,7 +111,20 @@ def chain(*parts: Passes) -> Passes:
 
 
 def _module_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:
+    """A module's kernels; a frozen one (LoRA's base) computes no weight gradient, and a
+    frozen embedding no backward at all (nothing before it needs a gradient)."""
+    passes = _trainable_passes(m, mod, shape)
+    if mod.trainable:
+        return passes
+    if mod.kind == "embedding":
+        return Passes(passes.forward)
+    return Passes(passes.forward, passes.backward_input)
+
+
+def _trainable_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:
     v, tp, style = shape.value_bytes, shape.tp, shape.style
+    if mod.lora:
+        return _adapter_passes(mod, shape)
     if mod.kind == "embedding":
         rows = mod.tensors[0].shape[0]
         passes = kn.embedding(mod.name, shape.tokens, m.hidden, -(-rows // tp), v)
@@ -140,6 +166,23 @@ def _linear_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:
         return chain(*parts)
     head = kn.linear(mod.name, tokens, -(-out_features // tp), in_features, bias=bias, value_bytes=v)
     return chain(head, kn.cross_entropy("loss", tokens, -(-out_features // tp), style, v))
+
+
+def _adapter_passes(mod: ModuleSpec, shape: Shape) -> Passes:
+    """A LoRA adapter Linear without bias (peft/tuners/lora/layer.py): lora_A (in -> r) adds
+    its input gradient to the base layer's (one add over the input); lora_B (r -> out) is
+    scaled and added to the base output (a multiply and an add; the multiply's gradient in
+    backward). Dropout on the adapter input costs nothing here (see docs/scenarios.md)."""
+    v, tokens = shape.value_bytes, shape.tokens
+    out_features, in_features = mod.tensors[0].shape
+    gemm = kn.linear(mod.name, tokens, out_features, in_features, bias=False, value_bytes=v)
+    if mod.lora == "A":
+        return Passes(gemm.forward, gemm.backward_input + (kn.memory(f"{mod.name} dX add", 3 * v * tokens * in_features),),
+                      gemm.backward_weight)
+    scale = kn.Passes((kn.memory(f"{mod.name} scale", 2 * v * tokens * out_features),
+                       kn.memory(f"{mod.name} add", 3 * v * tokens * out_features)),
+                      (kn.memory(f"{mod.name} scale dX", 2 * v * tokens * out_features),))
+    return chain(gemm, scale)
 
 
 def _attention_core(m: ModelSpec, shape: Shape) -> tuple[Passes, tuple[Kernel, ...]]:
@@ -197,8 +240,11 @@ def unit_count(m: ModelSpec, *, per_module: bool) -> int:
 def merge(group: list[Unit], name: str, role: Role) -> Unit:
     """A list of units as one (a block, or FSDP2's root group): their kernels in order."""
     passes = chain(*(u.passes for u in group))
+    flags = None if all(u.trainable is None for u in group) else \
+        tuple(f for u in group for f in (u.trainable if u.trainable is not None else (True,) * len(u.tensors)))
     return Unit(name, group[0].block, tuple(t for u in group for t in u.tensors), passes,
-                tuple(k for u in group for k in u.selective), role=role, containers=group[0].containers[:2])
+                tuple(k for u in group for k in u.selective), role=role, containers=group[0].containers[:2],
+                trainable=flags)
 
 
 EMBEDDINGS = (Role.TOKEN_EMBEDDING, Role.POSITION_EMBEDDING)

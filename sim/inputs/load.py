@@ -31,6 +31,7 @@ from sim.core.units import GB
 from sim.inputs.catalog import resolve
 from sim.inputs.deepspeed_config import read_deepspeed_config, resolve_batch
 from sim.inputs.hardware import cluster_from_table, load_cluster
+from sim.inputs.lora_table import read_lora, with_lora
 from sim.inputs.models import load_model
 from sim.inputs.reading import parse_toml, read_text
 from sim.inputs.scenario import CommConfig, ComputeConfig, Parallelism, Scenario, Training
@@ -53,6 +54,7 @@ TOP_KEYS = (
     Key("schedule", str, required=False, default="implemented", choices=tuple(ScheduleMode)),
     Key("comm", dict, required=False, default={}),
     Key("compute", dict, required=False, default={}),
+    Key("lora", dict, required=False, default=None),
 )
 COMPUTE_KEYS = (
     Key("kernels", str, required=False, default="torch", choices=tuple(KernelStyle)),
@@ -82,6 +84,8 @@ def scenario_from_table(raw: Mapping[str, Any], source: Path, name: str, questio
     base = source.parent
     top = read_table(raw, TOP_KEYS, source)
     model = _model(top["model"], base, source)
+    if top["lora"] is not None:
+        model = with_lora(model, read_lora(top["lora"], source), source)
     cluster = _cluster(top["cluster"], base, source)
     gpn = top["gpus_per_node"] or cluster.gpus_per_node
     if gpn > cluster.gpus_per_node:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sim.core.enums import Engine, ScheduleMode
 from sim.core.errors import InputError
 from sim.core.model import Position
 from sim.inputs.scenario import Scenario
+from sim.inputs.schema import NOT_SIMULATED_YET
 
 
 def check_scenario(s: Scenario, source: Path) -> None:
@@ -20,6 +22,7 @@ def check_scenario(s: Scenario, source: Path) -> None:
     _check_shapes(s, source)
     _check_precision(s, source)
     _check_delayed_update(s, source)
+    _check_lora(s, source)
 
 
 def _check_shapes(s: Scenario, source: Path) -> None:
@@ -53,3 +56,19 @@ def _check_delayed_update(s: Scenario, source: Path) -> None:
         raise InputError(source, "training.delayed_parameter_update", "true overlaps CPU-Adam with the next "
                          "step's forward and backward, so it needs engine \"deepspeed\" with "
                          "zero.offload_optimizer = \"cpu\"; allowed: false")
+
+
+def _check_lora(s: Scenario, source: Path) -> None:
+    """LoRA is simulated with DDP, ZeroRedundancyOptimizer, DeepSpeed ZeRO-0..3 and FSDP2, one
+    data-parallel dimension (adapters split by tensor parallelism are not modelled yet)."""
+    if s.model.lora is None:
+        return
+    p = s.parallel
+    for axis in ("tp", "pp"):
+        if getattr(p, axis) > 1:
+            raise InputError(source, f"parallel.{axis}", f"{getattr(p, axis)} with [lora]: {NOT_SIMULATED_YET}; "
+                             "allowed: 1")
+    if s.engine is Engine.MEGATRON or s.schedule_mode is ScheduleMode.PAPER:
+        what = "engine \"megatron\"" if s.engine is Engine.MEGATRON else "schedule \"paper\""
+        raise InputError(source, "lora", f"LoRA with {what}: {NOT_SIMULATED_YET}; allowed: engines ddp, "
+                         "ddp-zero-redundancy, deepspeed, fsdp2 with the implemented schedule")

@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from sim.analytic import activations as act
+from sim.analytic.lora import lora_states
 from sim.analytic.memory import (
     ModelStateBytes,
     fragmentation_bytes,
@@ -127,6 +128,8 @@ def scenario_report(s: Scenario, *, convention: Convention = Convention.ALLOCATE
     for stage in ZeroStage:
         if resident is not None and stage == own:
             states, buffers = own_row_states(s, resident, largest)
+        elif m.lora is not None:     # the frozen 16-bit base and the adapters' states at that stage
+            states, buffers = lora_states(m, p.dp, stage), _deepspeed_buffers(s, stage)
         else:
             states = model_state_bytes(
                 psi_rank, p.dp, stage, convention, largest_module_params=largest,

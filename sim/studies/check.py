@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from sim.analytic import opcost
+from sim.analytic.lora import lora_states
 from sim.analytic.memory import model_state_bytes
 from sim.analytic.placement import rank_tensors
 from sim.analytic.volumes import (
@@ -97,7 +98,7 @@ def check_rows(result: SimulationResult) -> list[tuple[str, float, float, str]]:
     stage = ZeroStage(int(s.zero_stage))
     p = s.parallel
     psi = max(sum(n for n, _ in rank_tensors(s.model, p.tp, p.pp, k)) for k in range(p.pp))
-    states = model_state_bytes(psi, p.dp, stage).total
+    states = (lora_states(s.model, p.dp, stage) if s.model.lora else model_state_bytes(psi, p.dp, stage)).total
     rows.append(("peak memory >= model states, paper (GB)", result.peak_pool().peak / 1e9, states / 1e9, ">="))
     return rows
 
