@@ -668,9 +668,9 @@ def output_path_cases() -> Iterator[Case]:
 def not_simulated_cases() -> Iterator[Case]:
     nvme_base = edited(ZERO3_H100X2, {"cluster": "dgx2", "training.precision": "fp16"})   # DGX-2 has NVMe
     scenarios = {
-        "zero_quantized_weights": scenario_files(ZERO3_H100X2, {"zero.zero_quantized_weights": True}),
-        "zero_quantized_gradients": scenario_files(ZERO3_H100X2, {"zero.zero_quantized_gradients": True}),
-        "zero_hpz_partition_size=8": scenario_files(ZERO3_H100X2, {"zero.zero_hpz_partition_size": 8}),
+        "zero_quantized_nontrainable_weights": scenario_files(ZERO3_H100X2, {
+            "zero.zero_quantized_nontrainable_weights": True}),
+        "zero_hpz_partition_size=4": scenario_files(ZERO3_H100X2, {"zero.zero_hpz_partition_size": 4}),
         "offload_optimizer-nvme": scenario_files(nvme_base, {"zero.offload_optimizer": {
             "device": "nvme", "nvme_path": "/tmp"}}),
         "offload_param-nvme": scenario_files(nvme_base, {"zero.offload_param": {
@@ -685,8 +685,8 @@ def not_simulated_cases() -> Iterator[Case]:
         for command, argv in (("memory", MEM), ("run", RUN)):
             yield Case(f"not-simulated/{what}/{command}", argv, files, mentions=("not simulated yet",))
     ds_zero3 = edited(DS_BASE, {"cluster": "dgx-h100", "nodes": 2})
-    yield Case("not-simulated/ds.zero_quantized_gradients/run", RUN,
-               ds_files({"zero_optimization.stage": 3, "zero_optimization.zero_quantized_gradients": True},
+    yield Case("not-simulated/ds.zero_quantized_nontrainable_weights/run", RUN,
+               ds_files({"zero_optimization.stage": 3, "zero_optimization.zero_quantized_nontrainable_weights": True},
                         table=ds_zero3), mentions=("not simulated yet", "ds.json"))
     yield Case("not-simulated/ds.offload_optimizer-nvme/run", RUN,   # DGX-2: V100s with NVMe, so fp16
                ds_files({"zero_optimization.offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"},

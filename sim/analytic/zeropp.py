@@ -14,6 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.analytic.comm import tensor_padded
+
+QWZ_GROUP = 8000        # DeepSpeed partition_parameters.py CUDAQuantizer.target_group_size
+QGZ_GROUP = 2048        # elements per int4 scale in all_to_all_quant_reduce (an estimate of its groups)
+SCALE_BYTES = 4.0       # one fp32 scale per group
+
 
 @dataclass(frozen=True, slots=True)
 class ZeroPPVolume:
@@ -57,3 +63,39 @@ def qgz_all_to_all_bytes(n_params: float, ranks_per_node: int, nodes: int) -> tu
     intra = n_params * 0.5 * (ranks_per_node - 1) / ranks_per_node
     inter = n_params / ranks_per_node * 0.5 * (nodes - 1) / nodes
     return intra, inter
+
+
+def zeropp_implemented_volume(tensors: list[tuple[int, bool]], dp: int, *, grad_accum: int, elem: int,
+                              persistence_threshold: int, recompute_share: float, quantized_weights: bool,
+                              hierarchical: bool, quantized_gradients: bool, node_ranks: int, nodes: int,
+                              hidden: int) -> dict[str, float]:
+    """Bytes per rank per step by collective kind of DeepSpeed ZeRO-3 with ZeRO++ as
+    sim.engines.zeropp simulates it (every module gathered for each use, no reuse):
+    gathers over dp (int8 + fp32 scales with qwZ), with hpZ all but each module's first
+    gather of the step over the node's `node_ranks`, and with qgZ each quantizable gradient tensor as
+    int4 through an all-to-all in the node and one across the `nodes`, the rest
+    reduce-scattered. The persistent parameters' gather after the step is 16-bit over dp."""
+    def once(nbytes: float, n: int) -> float:
+        return (n - 1) / n * nbytes if n > 1 else 0.0
+
+    per_element = (1.0 + SCALE_BYTES / QWZ_GROUP) if quantized_weights else float(elem)
+    gathered = [tensor_padded(n, dp) for n, _ in tensors if n > persistence_threshold]
+    in_blocks = sum(tensor_padded(n, dp) for n, block in tensors if block and n > persistence_threshold)
+    persistent = sum(tensor_padded(n, dp) for n, _ in tensors if n <= persistence_threshold)
+    forward = sum(gathered) * per_element
+    backward = (sum(gathered) + recompute_share * in_blocks) * per_element
+    if hierarchical:   # only each module's first gather of the step (micro-step 0's forward) crosses nodes
+        gathers = once(forward, dp) + once((grad_accum - 1) * forward + grad_accum * backward, node_ranks)
+    else:
+        gathers = grad_accum * once(forward + backward, dp)
+    out = {"all_gather": gathers + once(elem * persistent, dp)}
+    if not quantized_gradients:
+        out["reduce_scatter"] = grad_accum * once(elem * sum(tensor_padded(n, dp) for n, _ in tensors), dp)
+        return out
+    int4 = 0.5 + SCALE_BYTES / QGZ_GROUP
+    quantized = [n for n, _ in tensors if n >= 2 * hidden and n % (2 * dp) == 0]
+    plain = [n for n, _ in tensors if not (n >= 2 * hidden and n % (2 * dp) == 0)]
+    out["all_to_all"] = grad_accum * sum(once(int4 * n, node_ranks) + once(int4 * n / node_ranks, nodes)
+                                         for n in quantized)
+    out["reduce_scatter"] = grad_accum * once(elem * sum(tensor_padded(n, dp) for n in plain), dp)
+    return out

@@ -55,6 +55,8 @@ class Axis(StrEnum):
     TP = "tp"
     PP = "pp"
     DP = "dp"
+    DP_NODE = "dp_node"        # the data-parallel peers on the rank's own node (ZeRO++ hpZ, qgZ's first hop)
+    DP_ACROSS = "dp_across"    # one data-parallel peer per node, at the rank's place in its node (qgZ's second hop)
 
 
 class Engine(StrEnum):

@@ -125,6 +125,13 @@ class Builder:
         return self._add(Compute, Stream.COMPUTE, deps, alloc, free, name=name, phase=phase, micro_step=micro_step,
                          layer=layer, kernels=kernels, hooks=hooks, pieces=pieces)
 
+    def side_compute(self, stream: Stream, name: str, phase: Phase, micro_step: int, *,
+                     kernels: tuple[Kernel, ...], layer: int | None = None, deps: Deps = ()) -> OpRef:
+        """Kernels a framework launches on one of its side streams (DeepSpeed ZeRO++'s
+        quantization on the reduction stream), ordered with that stream's collectives."""
+        return self._add(Compute, stream, deps, (), (), name=name, phase=phase, micro_step=micro_step,
+                         layer=layer, kernels=kernels, hooks=0, pieces=0)
+
     def _joinable(self, phase: Phase, micro_step: int, layer: int | None) -> bool:
         """The previous op may take one more kernel at its end when it is the last op issued,
         a compute op of the same module block, phase and micro-step, in the current part;

@@ -23,7 +23,8 @@ from __future__ import annotations
 from sim.analytic.comm import flat_padded
 from sim.analytic.placement import TensorGroup, census_numel, rank_tensors, trainable
 from sim.analytic.volumes import deepspeed_volume
-from sim.core.enums import Coll, ScheduleMode, ZeroStage
+from sim.analytic.zeropp import zeropp_implemented_volume
+from sim.core.enums import Axis, Coll, ScheduleMode, ZeroStage
 from sim.core.errors import InputError
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.buckets import DeepSpeedBucket
@@ -191,6 +192,8 @@ def zero12_volume(s: Scenario) -> dict[str, float]:
 def deepspeed_dp_volume(s: Scenario) -> dict[str, float]:
     t, z = s.training, s.zero
     assert z is not None
+    if z.zero_quantized_weights or z.zero_quantized_gradients or z.zero_hpz_partition_size > 1:
+        return zeropp_dp_volume(s)
     p = s.parallel
     grads = [n for n, _ in rank_tensors(s.model, p.tp, p.pp, 0, trainable_only=True)] if s.model.lora else None
     return deepspeed_volume(rank_tensors(s.model, p.tp, p.pp, 0), p.dp, int(z.stage), grad_tensors=grads,
@@ -220,3 +223,20 @@ DEEPSPEED_ZERO012 = EngineModel(
                        and s.zero.stage < ZeroStage.PARAMETERS),
     planner=Zero12Planner, resident=zero12_resident, volume=zero12_volume,
     check=no_partitioned_gradients_with_pipelines)
+
+
+def zeropp_dp_volume(s: Scenario) -> dict[str, float]:
+    """ZeRO-3 with ZeRO++ (sim.analytic.zeropp.zeropp_implemented_volume), plus the step's norm."""
+    from sim.engines.layout import Layout
+    t, z, p = s.training, s.zero, s.parallel
+    assert z is not None
+    layout = Layout(p.tp, p.pp, p.dp, s.gpus_per_node)
+    rep = layout.representatives[0]
+    out = zeropp_implemented_volume(
+        rank_tensors(s.model, p.tp, p.pp, 0), p.dp, grad_accum=t.grad_accum, elem=BYTES_PER_ELEMENT[t.precision.value],
+        persistence_threshold=z.param_persistence_threshold, recompute_share=recompute_share(s),
+        quantized_weights=z.zero_quantized_weights, hierarchical=z.zero_hpz_partition_size > 1,
+        quantized_gradients=z.zero_quantized_gradients, node_ranks=len(layout.group(Axis.DP_NODE, rep)),
+        nodes=len(layout.group(Axis.DP_ACROSS, rep)), hidden=s.model.hidden)
+    out["all_reduce"] = 2 * (p.dp - 1) / p.dp * 8.0 if p.dp > 1 else 0.0   # the step's fp64 norm
+    return {k: v for k, v in out.items() if v}

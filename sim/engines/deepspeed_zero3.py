@@ -43,6 +43,7 @@ from sim.engines.policies import GpuAdam
 from sim.engines.resident import Resident, half_bytes, resident
 from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Schedule, Stream
 from sim.engines.skeleton import B, C, F, Planner, Use
+from sim.engines.zeropp import ZeroPlusPlus, qgz_reduce
 from sim.inputs.scenario import Scenario
 
 MAX_ONGOING_FETCHES = 2     # partitioned_param_coordinator.py __max_ongoing_fetch_events
@@ -84,8 +85,11 @@ class Zero3Planner(Planner):
         self.bucket = DeepSpeedBucket(self.z.reduce_bucket_size)
         self.bucket_padded = 0
         self.bucket_tensors = 0
-        self.to_unpack: dict[OpRef, tuple[int, int]] = {}   # coalesced gathers not yet waited for:
-                                                            # (elements, tensors)
+        self.bucket_numels: list[int] = []     # the bucket's gradient tensors (qgZ reduces them one by one)
+        self.zpp = ZeroPlusPlus.of(self.z, self.h)
+        self.released: set[str] = set()        # owners released once this step (hpZ: secondary partition made)
+        self.to_unpack: dict[OpRef, tuple[int, int, int]] = {}   # gathers not yet waited for:
+                                                                 # (elements, tensors, ranks)
         self.reductions: deque[OpRef] = deque()
         self.last_reduction: OpRef | None = None
         self.offload_copies: list[OpRef] = []
@@ -244,12 +248,13 @@ class Zero3Planner(Planner):
                                   self._phase(use), ms, pageable=not self.z.offload_param.pin_memory))
         alloc = tuple(Alloc(Mem.PARAMS, f"gathered {k[0]}", self.h * k[2]) for k in batch)
         names = ", ".join(k[0] for k in batch) if len(batch) <= 3 else f"{len(batch)} modules"
-        ag = self.collective(Stream.ALLGATHER, Coll.ALL_GATHER, self.h * padded, f"all-gather {names}",
-                             self._phase(use), ms, deps=deps, alloc=alloc,
+        axis = self.zpp.gather_axis(batch[0].owner in self.released)   # hpZ: from the secondary partition
+        ag = self.collective(Stream.ALLGATHER, Coll.ALL_GATHER, self.zpp.gather_bytes(padded), f"all-gather {names}",
+                             self._phase(use), ms, deps=deps, alloc=alloc, axis=axis,
                              layer=self.granules[use.index].block, purpose=purpose)
         tensors = sum(k.tensors for k in batch)
-        if tensors > 1:
-            self.to_unpack[ag] = (sum(k.numel for k in batch), tensors)
+        if tensors > 1 or self.zpp.quantized_weights:
+            self.to_unpack[ag] = (sum(k.numel for k in batch), tensors, len(self.layout.group(axis, self.layout.representatives[self.stage_index])))
         return ag
 
     def _unpack(self, ag: OpRef, ms: int, use: Use) -> None:
@@ -261,17 +266,20 @@ class Zero3Planner(Planner):
         gathered = self.to_unpack.pop(ag, None)
         if gathered is None:
             return
-        elements, tensors = gathered
-        copy = kn.memory("torch.cat of the gathered pieces", 2.0 * self.h * elements)
-        self.compute("unpack coalesced all-gather", self._phase(use), ms, (copy,), self.granules[use.index].block
-                     if use.what is not C else None, pieces=self.dp * tensors)
+        elements, tensors, ranks = gathered
+        copy = (kn.memory("torch.cat of the gathered pieces", 2.0 * self.h * elements),) if tensors > 1 else ()
+        self.compute("unpack coalesced all-gather", self._phase(use), ms, self.zpp.dequantize_weights(elements) + copy,
+                     self.granules[use.index].block if use.what is not C else None,
+                     pieces=ranks * tensors if tensors > 1 else 0)
 
     def _phase(self, use: Use) -> Phase:
         return Phase.BWD if self._in_backward else Phase.FWD
 
     def _free_after(self, op: OpRef | None, key: Fetch) -> None:
-        """Give the gathered copy back when compute op `op` ends."""
+        """Give the gathered copy back when compute op `op` ends (and, with hpZ, keep the
+        secondary partition the release makes: later gathers of the step use it)."""
         self.b.attach(op, free=(Alloc(Mem.PARAMS, f"gathered {key[0]}", self.h * key[2]),))
+        self.released.add(key[0])
 
     def _emit_use(self, use: Use) -> OpRef | None:
         if use.what is C:
@@ -289,15 +297,21 @@ class Zero3Planner(Planner):
                 self._reduce_scatter(use.micro_step, op, g.block)
             self.bucket_padded += tensor_padded(n, self.dp)
             self.bucket_tensors += 1
+            self.bucket_numels.append(n)
 
     def _reduce_scatter(self, ms: int, producer: OpRef | None, layer: int | None) -> None:
         """Reduce what the bucket holds except its newest gradient (DeepSpeed flushes first).
         coalesced_collectives.py `reduce_scatter_coalesced` first slices every tensor into dp
         chunks and interleaves them in Python: dp pieces per tensor on the host."""
         padded, pieces = self.bucket_padded, self.dp * self.bucket_tensors
+        numels = self.bucket_numels
         self.bucket_padded = self.bucket_tensors = 0
-        rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, self.h * padded, "reduce_scatter bucket",
-                             Phase.BWD, ms, deps=[producer], layer=layer, purpose="grad bucket", pieces=pieces)
+        self.bucket_numels = []
+        if self.zpp.quantized_gradients:
+            rs = qgz_reduce(self, numels, ms, producer, layer)
+        else:
+            rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, self.h * padded, "reduce_scatter bucket",
+                                 Phase.BWD, ms, deps=[producer], layer=layer, purpose="grad bucket", pieces=pieces)
         self.last_reduction = rs
         self.reductions.append(rs)
         if len(self.reductions) > MAX_REDUCE_EVENTS:
@@ -387,6 +401,10 @@ def zero3_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
                    Alloc(Mem.OPTIMIZER, "fp32 master parameters", 4.0 * shard),
                    Alloc(Mem.OPTIMIZER, "Adam m and v", 8.0 * shard)]
     device.append(Alloc(Mem.BUFFERS, "IPG bucket", h * z.reduce_bucket_size))
+    if z.zero_hpz_partition_size > 1:     # ZeRO++ hpZ: every partitioned parameter's secondary partition
+        partitioned = every * dp - persistent_numel(s, census)
+        device.append(Alloc(Mem.PARAMS, "hpZ secondary partition", ZeroPlusPlus.of(z, h).secondary_bytes(
+            partitioned, z.zero_hpz_partition_size)))
     return resident(s, device, host)
 
 

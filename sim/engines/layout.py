@@ -72,7 +72,21 @@ class Layout:
             return tuple(self.rank(Coords(c.dp, c.pp, t)) for t in range(self.tp))
         if axis is Axis.DP:
             return tuple(self.rank(Coords(d, c.pp, c.tp)) for d in range(self.dp))
+        if axis in (Axis.DP_NODE, Axis.DP_ACROSS):
+            return self._dp_split(axis, rank)
         return tuple(self.rank(Coords(c.dp, p, c.tp)) for p in range(self.pp))
+
+    def _dp_split(self, axis: Axis, rank: int) -> tuple[int, ...]:
+        """The data-parallel group cut by node: the members on `rank`'s node (DP_NODE), or the
+        members that sit at `rank`'s place among their node's members (DP_ACROSS)."""
+        members = self._build_group(Axis.DP, rank)
+        by_node: dict[int, list[int]] = {}
+        for r in members:
+            by_node.setdefault(self.node(r), []).append(r)
+        if axis is Axis.DP_NODE:
+            return tuple(by_node[self.node(rank)])
+        place = by_node[self.node(rank)].index(rank)
+        return tuple(group[place] for _, group in sorted(by_node.items()) if place < len(group))
 
     def groups(self, axis: Axis) -> list[tuple[int, ...]]:
         """Every group along `axis`, each once, ordered by its first rank."""

@@ -23,6 +23,7 @@ def check_scenario(s: Scenario, source: Path) -> None:
     _check_precision(s, source)
     _check_delayed_update(s, source)
     _check_lora(s, source)
+    _check_hpz(s, source)
 
 
 def _check_shapes(s: Scenario, source: Path) -> None:
@@ -72,3 +73,20 @@ def _check_lora(s: Scenario, source: Path) -> None:
         what = "engine \"megatron\"" if s.engine is Engine.MEGATRON else "schedule \"paper\""
         raise InputError(source, "lora", f"LoRA with {what}: {NOT_SIMULATED_YET}; allowed: engines ddp, "
                          "ddp-zero-redundancy, deepspeed, fsdp2 with the implemented schedule")
+
+
+def _check_hpz(s: Scenario, source: Path) -> None:
+    """hpZ's secondary partition groups are `zero_hpz_partition_size` consecutive ranks, which
+    must divide the data-parallel world (stage3.py asserts it); simulated where it is the
+    number of data-parallel ranks on a node (DeepSpeed's recommended setting)."""
+    z = s.zero
+    if z is None or z.zero_hpz_partition_size <= 1:
+        return
+    hpz, dp = z.zero_hpz_partition_size, s.parallel.dp
+    per_node = max(1, min(dp, s.gpus_per_node // (s.parallel.tp * s.parallel.pp) or 1))
+    if dp % hpz:
+        raise InputError(source, "zero.zero_hpz_partition_size", f"{hpz} does not divide the data-parallel "
+                         f"world ({dp}); allowed: a divisor of {dp}")
+    if hpz != per_node:
+        raise InputError(source, "zero.zero_hpz_partition_size", f"{hpz} (secondary partitions of another size than "
+                         f"a node's {per_node} data-parallel ranks): {NOT_SIMULATED_YET}; allowed: 1, {per_node}")

@@ -84,10 +84,10 @@ ZERO_KEYS = (
     Key("module_granularity_threshold", _I, required=False, default=0, non_negative=True, not_simulated=True),
     Key("use_all_reduce_for_fetch_params", _B, required=False, default=False, not_simulated=True),
     Key("allgather_sequential", _B, required=False, default=False, not_simulated=True),
-    Key("zero_hpz_partition_size", _I, required=False, default=1, positive=True, not_simulated=True),
-    Key("zero_quantized_weights", _B, required=False, default=False, not_simulated=True),
+    Key("zero_hpz_partition_size", _I, required=False, default=1, positive=True),
+    Key("zero_quantized_weights", _B, required=False, default=False),
     Key("zero_quantized_nontrainable_weights", _B, required=False, default=False, not_simulated=True),
-    Key("zero_quantized_gradients", _B, required=False, default=False, not_simulated=True),
+    Key("zero_quantized_gradients", _B, required=False, default=False),
     Key("offload_optimizer", object, required=False, default=None),
     Key("offload_param", object, required=False, default=None),
 )
@@ -197,12 +197,15 @@ def _offload(raw: Any, source: str | Path, dotted: str, *, optimizer: bool) -> O
 def _check_stage_features(stage: ZeroStage, v: Mapping[str, Any], opt: OffloadConfig,
                           par: OffloadConfig, source: str | Path, prefix: str) -> None:
     """DeepSpeed's per-stage rules (config.py validators, reference 1.2); the partial
-    `ratio` exists only in stage3.py's sub-groups. ZeRO++ is refused as not simulated yet
-    before these run."""
+    `ratio` exists only in stage3.py's sub-groups, and ZeRO++ only in ZeRO-3."""
     if par.enabled and stage != ZeroStage.PARAMETERS:
         raise InputError(source, prefix + "offload_param", f"needs stage 3, got stage {int(stage)}")
     if opt.enabled and stage == ZeroStage.NONE:
         raise InputError(source, prefix + "offload_optimizer", "needs ZeRO stage 1, 2 or 3")
+    zeropp = [k for k in ("zero_quantized_weights", "zero_quantized_gradients") if v[k]]
+    zeropp += ["zero_hpz_partition_size"] if v["zero_hpz_partition_size"] > 1 else []
+    if zeropp and stage != ZeroStage.PARAMETERS:   # ZeRO++ lives in stage3.py and partition_parameters.py
+        raise InputError(source, prefix + zeropp[0], f"ZeRO++ needs stage 3, got stage {int(stage)}")
     if opt.ratio < 1.0 and stage != ZeroStage.PARAMETERS:   # partial offload: stage3.py's sub-groups only
         raise InputError(source, prefix + "offload_optimizer.ratio", f"{opt.ratio!r} (partial offload, Twin-Flow) "
                          f"needs stage 3, got stage {int(stage)}; allowed: 1.0 at stages 1-2")

@@ -170,6 +170,8 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]
         if rec != "full":
             raise Unusable("activation checkpoints offloaded to CPU without full recomputation")
         training["cpu_checkpointing"] = True
+    if choice.delayed_update:
+        training["delayed_parameter_update"] = True
     table: dict[str, Any] = {"model": model, "cluster": cluster, "nodes": layout.nodes, "parallel": parallel,
                              "training": training, "compute": _compute(f, cluster, choice.megatron, notes),
                              **choice.keys}

@@ -99,6 +99,7 @@ class EngineChoice:
     megatron: bool            # a Megatron-based framework (vocab padding, micro-batch 1 default)
     partition_activations: bool = False
     cpu_checkpointing: bool = False     # DeepSpeed's activation checkpoints in host memory
+    delayed_update: bool = False        # the ZeRO-Offload paper's DPU
 
 
 _MP_WORDS = r"megatron|\bmp\b|\btp\b|tensor|\b[234]d\b|ptd|model parallel"
@@ -158,7 +159,8 @@ def ds_offload(text: str, stage: int, notes: list[str]) -> dict[str, Any]:
             notes.append(f"offload cell also says {quote(clause)}: its first clause is used")
             continue
         if re.search(r"\bdpu\s*(on|enabled)", clause):
-            raise Unusable("delayed parameter update (DPU) is not simulated")
+            out["delayed_parameter_update"] = True     # the caller moves it to [training]
+            notes.append("the ZeRO-Offload paper's delayed parameter update (DPU) on")
         device = "nvme" if "nvme" in clause else "cpu" if "cpu" in clause else None
         if device is None:
             continue
@@ -185,7 +187,7 @@ _ZERO_KNOBS = ("reduce_bucket_size", "allgather_bucket_size", "zero_hpz_partitio
 def zero_knobs(other: str, framework: str, gpn: int) -> dict[str, Any]:
     """DeepSpeed keys named in other_config ('reduce_bucket_size 1e7'; a flag named without a
     value, 'overlap_comm', 'zero_quantized_weights', is on);
-    ZeRO++ in the framework turns on qwZ, qgZ and hpZ within a node (refused as not simulated)."""
+    ZeRO++ in the framework turns on qwZ, qgZ and hpZ within a node (sim.engines.zeropp)."""
     out: dict[str, Any] = {}
     for key in _ZERO_KNOBS:
         if m := re.search(rf"{key}\s*[= ]?\s*(\d[\d.e+]*)?", other):
@@ -207,9 +209,10 @@ def engine(f: Mapping[str, str], nodes: int, gpn: int, notes: list[str], tp: int
         stage = zero_stage(zs_text, fw, notes)
         zero: dict[str, Any] = {"stage": stage, **ds_offload(f.get("offload", ""), stage, notes)}
         cpu_checkpointing = bool(zero.pop("cpu_checkpointing", False))
+        delayed = bool(zero.pop("delayed_parameter_update", False))
         zero.update(zero_knobs(f.get("other_config", ""), f.get("framework", ""), gpn))
         pa = "partition" in f.get("act_ckpt", "").lower() or bool(re.search(r"\bpa\b", zs))
-        return EngineChoice({"engine": "deepspeed", "zero": zero}, family, megatron, pa, cpu_checkpointing)
+        return EngineChoice({"engine": "deepspeed", "zero": zero}, family, megatron, pa, cpu_checkpointing, delayed)
     if family == "megatron":
         return EngineChoice({"engine": "megatron", "megatron": megatron_flags(f, tp, notes)}, family, True)
     if fw.strip() == "pytorch":

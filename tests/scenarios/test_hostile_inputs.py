@@ -191,7 +191,7 @@ def ds_scenario(tmp_path, ds: dict) -> str:
     ({"train_batch_size": 16, "prescale_gradients": True}, ("not simulated yet",)),
     ({"train_batch_size": 16, "activation_checkpointing": {"contiguous_memory_optimization": True}},
      ("activation_checkpointing.contiguous_memory_optimization", "not simulated yet")),
-    ({"train_batch_size": 16, "zero_optimization": {"stage": 3, "zero_quantized_weights": True}},
+    ({"train_batch_size": 16, "zero_optimization": {"stage": 3, "zero_quantized_nontrainable_weights": True}},
      ("not simulated yet",)),
 ])
 def test_ds_config_values(tmp_path, capsys, ds, words):
@@ -260,7 +260,7 @@ def test_output_paths_are_checked_first(tmp_path, capsys, flag, where):
 
 # -- accepted but not simulated: refused until they are; host memory is part of "fits" -------
 @pytest.mark.parametrize("zero", [
-    "zero_quantized_weights = true", "zero_quantized_gradients = true", "zero_hpz_partition_size = 8",
+    "zero_quantized_nontrainable_weights = true", "zero_hpz_partition_size = 4",
     'offload_optimizer = {device = "nvme", nvme_path = "/tmp"}', 'offload_param = {device = "nvme", nvme_path = "/tmp"}',
     "contiguous_gradients = false", "allgather_sequential = true",
 ])
