@@ -671,10 +671,10 @@ def not_simulated_cases() -> Iterator[Case]:
         "zero_quantized_nontrainable_weights": scenario_files(ZERO3_H100X2, {
             "zero.zero_quantized_nontrainable_weights": True}),
         "zero_hpz_partition_size=4": scenario_files(ZERO3_H100X2, {"zero.zero_hpz_partition_size": 4}),
-        "offload_optimizer-nvme": scenario_files(nvme_base, {"zero.offload_optimizer": {
-            "device": "nvme", "nvme_path": "/tmp"}}),
-        "offload_param-nvme": scenario_files(nvme_base, {"zero.offload_param": {
-            "device": "nvme", "nvme_path": "/tmp"}}),
+        "offload_optimizer-cpuadam_cores_perc": scenario_files(nvme_base, {"zero.offload_optimizer": {
+            "device": "cpu", "cpuadam_cores_perc": 0.5}}),
+        "offload_param-max_in_cpu": scenario_files(nvme_base, {"zero.offload_param": {
+            "device": "cpu", "max_in_cpu": 1000}}),
         "offload_optimizer-cpu-super_offload": scenario_files(ZERO3_H100X2, {"zero.offload_optimizer": {
             "device": "cpu", "super_offload": True}}),
         "schedule-paper-with-cpu-offload": scenario_files(ZERO3_H100X2, {"schedule": "paper",
@@ -688,8 +688,9 @@ def not_simulated_cases() -> Iterator[Case]:
     yield Case("not-simulated/ds.zero_quantized_nontrainable_weights/run", RUN,
                ds_files({"zero_optimization.stage": 3, "zero_optimization.zero_quantized_nontrainable_weights": True},
                         table=ds_zero3), mentions=("not simulated yet", "ds.json"))
-    yield Case("not-simulated/ds.offload_optimizer-nvme/run", RUN,   # DGX-2: V100s with NVMe, so fp16
-               ds_files({"zero_optimization.offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"},
+    yield Case("not-simulated/ds.offload_optimizer-fast_init/run", RUN,   # DGX-2: V100s, so fp16
+               ds_files({"zero_optimization.offload_optimizer": {"device": "nvme", "nvme_path": "/tmp",
+                                                                 "fast_init": True},
                          "bf16.enabled": False, "fp16": {"enabled": True}},
                         table=edited(ds_zero3, {"cluster": "dgx2"})), mentions=("not simulated yet", "ds.json"))
 

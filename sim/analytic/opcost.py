@@ -95,6 +95,24 @@ def pcie_bandwidth(cluster: ClusterSpec) -> float:
     return host.pcie.achievable_bandwidth / host.gpus_per_pcie_switch
 
 
+def nvme_bandwidth(cluster: ClusterSpec, ranks_per_node: int, *, write: bool) -> float:
+    """One rank's share of the node's NVMe read (or write) bandwidth when every rank swaps
+    at once (ZeRO-Infinity's ranks do); a tiny rate where the node has none (never used:
+    NVMe offload is refused there)."""
+    host = cluster.host
+    node = (host.nvme_write_bandwidth or host.nvme_bandwidth) if write else host.nvme_bandwidth
+    return max(node, 1.0) / max(1, ranks_per_node)
+
+
+def copy_time(nbytes: float, direction: str, pageable: bool, cluster: ClusterSpec, ranks_per_node: int) -> float:
+    """Closed form of one copy alone: latency + bytes over the rank's PCIe or NVMe share."""
+    if direction in ("nvme read", "nvme write"):
+        rate = nvme_bandwidth(cluster, ranks_per_node, write=direction == "nvme write")
+    else:
+        rate = pcie_bandwidth(cluster) * copy_share(pageable, cluster)
+    return cluster.host.pcie.latency + nbytes / rate
+
+
 def copy_share(pageable: bool, cluster: ClusterSpec) -> float:
     """The fraction of the pinned rate a copy reaches: a pageable buffer is staged through
     the driver's pinned bounce buffer (CUDA C++ Best Practices Guide, "Pinned Memory")."""

@@ -69,7 +69,9 @@ class HostSpec:
     pcie_pageable_efficiency: float = 0.5  # a pageable copy's rate / a pinned one's (staged by the driver)
     gpus_per_pcie_switch: int      # GPUs sharing one uplink to the CPU
     cpu_adam_params_per_s: float   # parameters/s for the whole node (all ranks together)
-    nvme_bandwidth: float          # bytes/s per node; 0 when unknown / absent
+    nvme_bandwidth: float          # bytes/s per node (reads); 0 when unknown / absent
+    nvme_write_bandwidth: float = 0.0   # bytes/s per node; 0: as the reads
+    nvme_capacity: float = 0.0     # bytes per node; 0 when unknown / absent
     launch: float = 0.0            # s of host CPU per kernel launch (framework dispatch included)
     collective_launch: float = 0.0  # s of host CPU per collective call (process group + NCCL enqueue)
     zero3_hook: float = 0.0        # s per DeepSpeed ZeRO-3 module hook pair (fetch / release bookkeeping)

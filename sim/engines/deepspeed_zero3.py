@@ -32,7 +32,7 @@ from typing import NamedTuple
 from sim.analytic import kernels as kn
 from sim.analytic.comm import tensor_padded
 from sim.analytic.placement import TensorGroup, trainable
-from sim.core.enums import Coll, ScheduleMode, ZeroStage
+from sim.core.enums import Coll, OffloadDevice, ScheduleMode, ZeroStage
 from sim.core.specs import IntraNodeTopology
 from sim.engines.buckets import DeepSpeedBucket
 from sim.engines.deepspeed_zero12 import deepspeed_dp_volume, no_partitioned_gradients_with_pipelines
@@ -243,9 +243,12 @@ class Zero3Planner(Planner):
     def _all_gather(self, batch: list[Fetch], ms: int, use: Use, purpose: str) -> OpRef:
         padded = sum(k.padded for k in batch)
         deps: list[OpRef | None] = [self.hook_time]
-        if self.z.offload_param.enabled:
+        par = self.z.offload_param
+        if par.enabled:
+            read = self.copy(Stream.NVME_READ, self.h * padded / self.dp, "NVMe read of the parameter partition",
+                             self._phase(use), ms, deps=deps) if par.device is OffloadDevice.NVME else None
             deps.append(self.copy(Stream.H2D, self.h * padded / self.dp, "H2D parameter partition",
-                                  self._phase(use), ms, pageable=not self.z.offload_param.pin_memory))
+                                  self._phase(use), ms, pageable=not par.pin_memory, deps=[read]))
         alloc = tuple(Alloc(Mem.PARAMS, f"gathered {k[0]}", self.h * k[2]) for k in batch)
         names = ", ".join(k[0] for k in batch) if len(batch) <= 3 else f"{len(batch)} modules"
         axis = self.zpp.gather_axis(batch[0].owner in self.released)   # hpZ: from the secondary partition
@@ -317,10 +320,13 @@ class Zero3Planner(Planner):
         if len(self.reductions) > MAX_REDUCE_EVENTS:
             self.b.host_sync(self.reductions.popleft())
         if self.z.offload_optimizer.enabled and ms == self.boundary:
-            self.offload_copies.append(self.copy(Stream.D2H, self.cpu_share * self.h * padded / self.dp,
-                                                 "D2H gradient partition",
-                                                 Phase.BWD, ms, stream=Stream.REDUCE, deps=[rs], layer=layer,
-                                                 pageable=not self.z.offload_optimizer.pin_memory))
+            down = self.copy(Stream.D2H, self.cpu_share * self.h * padded / self.dp, "D2H gradient partition",
+                             Phase.BWD, ms, stream=Stream.REDUCE, deps=[rs], layer=layer,
+                             pageable=not self.z.offload_optimizer.pin_memory)
+            if self.z.offload_optimizer.device is OffloadDevice.NVME:   # the fp32 gradients swapped out
+                down = self.copy(Stream.NVME_WRITE, self.cpu_share * 4.0 * padded / self.dp,
+                                 "NVMe swap-out of fp32 gradients", Phase.BWD, ms, deps=[down], layer=layer)
+            self.offload_copies.append(down)
 
     def end_of_backward(self, ms: int) -> None:
         if self.bucket.flush():
@@ -332,8 +338,11 @@ class Zero3Planner(Planner):
 
     # -- the step ---------------------------------------------------------------------------
     def _offload_step(self) -> Zero3OffloadStep:
-        return Zero3OffloadStep(self.z.sub_group_size, self.z.offload_optimizer.ratio, self.h,
-                                delayed=self.t.delayed_parameter_update)
+        opt, par = self.z.offload_optimizer, self.z.offload_param
+        return Zero3OffloadStep(self.z.sub_group_size, opt.ratio, self.h, delayed=self.t.delayed_parameter_update,
+                                nvme=opt.device is OffloadDevice.NVME, pipeline_read=opt.pipeline_read,
+                                pipeline_write=opt.pipeline_write,
+                                param_home=par.device.value if par.enabled else "gpu")
 
     def start_of_step(self) -> None:
         if self.z.offload_optimizer.enabled and self.t.delayed_parameter_update:
@@ -383,15 +392,25 @@ def zero3_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
     host: list[Alloc] = []
     params = [Alloc(Mem.PARAMS, "16-bit parameter partition", h * shard),
               Alloc(Mem.PARAMS, "frozen 16-bit base partition (LoRA)", 2.0 * frozen)]
-    if z.offload_param.enabled:
+    par = z.offload_param
+    if par.device is OffloadDevice.NVME:     # ZeRO-Infinity: on NVMe, through pinned swap buffers
+        host += [replace(a, category=Mem.NVME, label=f"{a.label} (NVMe)") for a in params]
+        host.append(Alloc(Mem.PARAMS, "pinned parameter swap buffers", par.buffer_count * par.buffer_size * h))
+    elif par.enabled:
         host += [replace(a, label=f"{a.label} (pinned)") for a in params]
     else:
         device += params
     device.append(Alloc(Mem.PARAMS, "persistent parameters", h * persistent_numel(s, census)))
     if z.offload_optimizer.enabled:
-        on_cpu = cpu_share(shard, z.sub_group_size, z.offload_optimizer.ratio) * shard
-        pinned = "pinned" if z.offload_optimizer.pin_memory else "pageable"
-        host.append(Alloc(Mem.OPTIMIZER, f"fp32 master, Adam m and v, fp32 gradients ({pinned})", 16.0 * on_cpu))
+        opt = z.offload_optimizer
+        on_cpu = cpu_share(shard, z.sub_group_size, opt.ratio) * shard
+        pinned = "pinned" if opt.pin_memory else "pageable"
+        if opt.device is OffloadDevice.NVME:   # swapped per sub-group through buffer_count pinned buffers
+            host += [Alloc(Mem.NVME, "fp32 master, Adam m and v, fp32 gradients (NVMe)", 16.0 * on_cpu),
+                     Alloc(Mem.OPTIMIZER, "pinned optimizer swap buffers",
+                           opt.buffer_count * 16.0 * min(on_cpu, z.sub_group_size))]
+        else:
+            host.append(Alloc(Mem.OPTIMIZER, f"fp32 master, Adam m and v, fp32 gradients ({pinned})", 16.0 * on_cpu))
         if s.training.delayed_parameter_update:
             host.append(Alloc(Mem.GRADS, "second fp32 gradient partition (delayed update)", 4.0 * on_cpu))
         device += [Alloc(Mem.OPTIMIZER, "fp32 master, Adam m and v, fp32 gradients of the GPU sub-groups",

@@ -39,6 +39,8 @@ from sim.engines.builder import Builder
 from sim.engines.schedule import OpRef, Phase, Stream
 
 CAST_BYTES = 4 + 2    # the fp32 -> 16-bit cast reads 4 B and writes 2 B per parameter
+SWAP_IN_BYTES = 16    # ZeRO-Infinity swap-in per parameter: fp32 master, Adam m and v, fp32 gradient
+SWAP_OUT_BYTES = 12   # swap-out: fp32 master, m and v (the gradient is not written back)
 
 
 def sub_groups(partition: float, size: int) -> list[float]:
@@ -82,12 +84,22 @@ class DeepSpeedCpuAdam:
 class Zero3OffloadStep:
     """DeepSpeed ZeRO-3's step with `offload_optimizer`: sub-group by sub-group, the first
     ones on the GPU when `ratio` < 1, the rest CPU-Adam + CPU cast + blocking pageable H2D
-    of `value_bytes` per parameter (module docstring)."""
+    of `value_bytes` per parameter (module docstring). With the optimizer on NVMe
+    (ZeRO-Infinity, `nvme`) each CPU sub-group is first swapped in (fp32 master, m, v and
+    gradients: 16 B per parameter) and its states swapped out after (12 B), one after the
+    other unless `pipeline_read` (the next read runs ahead) or `pipeline_write` (the write
+    runs behind the next sub-group) overlap them (pipelined_optimizer_swapper.py). Where
+    the 16-bit parameters live (`param_home`: gpu, cpu or nvme, `offload_param`) decides the
+    copy back: an H2D, nothing (the cast writes the CPU partition), or an NVMe write."""
 
     sub_group_size: int
     ratio: float
     value_bytes: int
     delayed: bool = False
+    nvme: bool = False
+    pipeline_read: bool = False
+    pipeline_write: bool = False
+    param_home: str = "gpu"
 
     def step(self, b: Builder, micro_step: int, params: float, deps: Iterable[OpRef | None]) -> OpRef:
         wanted = [d for d in deps if d is not None]
@@ -99,18 +111,33 @@ class Zero3OffloadStep:
                             deps=wanted, implementation=OptimizerImpl.FOREACH.value)
             last = b.compute(f"fp32 -> 16-bit cast, sub-group {i}", Phase.STEP, micro_step,
                              kernels=(kn.memory("cast", CAST_BYTES * n),))
-        previous: OpRef | None = None
+        previous: OpRef | None = None       # what the host waits for before the next sub-group
+        read: OpRef | None = None
+        back: OpRef | None = None           # the last H2D of updated parameters
         for i, n in enumerate(groups[on_gpu:], start=on_gpu):
             after = [previous] if previous is not None else wanted
+            if self.nvme:
+                read = b.copy(Stream.NVME_READ, SWAP_IN_BYTES * n, f"NVMe swap-in, sub-group {i}", Phase.STEP,
+                              micro_step, deps=[read] if self.pipeline_read and read is not None else after)
+                after = [*after, read]
             adam = b.cpu_step(f"CPU-Adam, sub-group {i}", micro_step, params=n, deps=after)
-            cast = b.cpu_step(f"fp32 -> 16-bit cast on the CPU, sub-group {i}", micro_step, params=0.0,
+            done = b.cpu_step(f"fp32 -> 16-bit cast on the CPU, sub-group {i}", micro_step, params=0.0,
                               host_bytes=CAST_BYTES * n, deps=[adam])
-            previous = b.copy(Stream.H2D, self.value_bytes * n, f"H2D 16-bit sub-group {i} (pageable, blocking)",
-                              Phase.STEP, micro_step, deps=[cast], pageable=True)
+            if self.param_home == "gpu":
+                done = back = b.copy(Stream.H2D, self.value_bytes * n, f"H2D 16-bit sub-group {i} (pageable, blocking)",
+                                     Phase.STEP, micro_step, deps=[done], pageable=True)
+            elif self.param_home == "nvme":
+                done = b.copy(Stream.NVME_WRITE, self.value_bytes * n, f"NVMe swap-out of 16-bit sub-group {i}",
+                              Phase.STEP, micro_step, deps=[done])
+            previous = done
+            if self.nvme:
+                write = b.copy(Stream.NVME_WRITE, SWAP_OUT_BYTES * n, f"NVMe swap-out, sub-group {i}", Phase.STEP,
+                               micro_step, deps=[done])
+                previous = done if self.pipeline_write else write
         if previous is not None:
-            if not self.delayed:    # delayed: the planner makes the end of the step wait for it
-                b.stream_wait(Stream.COMPUTE, previous)
-            return previous
+            if back is not None and not self.delayed:   # delayed: the planner makes the step's end wait
+                b.stream_wait(Stream.COMPUTE, back)
+            return back if back is not None else previous
         assert last is not None
         return last
 

@@ -48,7 +48,12 @@ class Resident:
 
     @property
     def host_bytes(self) -> float:
-        return sum(a.nbytes for a in self.host)
+        """Host DRAM (NVMe-resident state, ZeRO-Infinity's, is `nvme_bytes`)."""
+        return sum(a.nbytes for a in self.host if a.category is not Mem.NVME)
+
+    @property
+    def nvme_bytes(self) -> float:
+        return sum(a.nbytes for a in self.host if a.category is Mem.NVME)
 
 
 def resident(s: Scenario, device: list[Alloc], host: list[Alloc]) -> Resident:

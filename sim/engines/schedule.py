@@ -26,6 +26,8 @@ class Stream(StrEnum):
     H2D = "h2d"
     D2H = "d2h"
     CPU = "cpu"
+    NVME_READ = "nvme read"      # ZeRO-Infinity swap-in (aio reads into pinned host buffers)
+    NVME_WRITE = "nvme write"    # ZeRO-Infinity swap-out
 
 
 class Phase(StrEnum):
@@ -49,6 +51,7 @@ class Mem(StrEnum):
     GRADS = "grads"
     OPTIMIZER = "optimizer"
     ACTIVATIONS = "activations"
+    NVME = "nvme"               # state swapped to the node's NVMe (ZeRO-Infinity): a host-side allocation
     BUFFERS = "buffers"
 
 

@@ -31,6 +31,7 @@ SIMULATED = {"train_micro_batch_size_per_gpu", "train_batch_size", "gradient_acc
              "activation_checkpointing"}
 # Keys that change the work in ways not simulated yet: accepted at their defaults only.
 NOT_SIMULATED = {"prescale_gradients": False, "gradient_predivide_factor": 1.0, "data_types": None,
+                 "aio": None,   # ZeRO-Infinity's libaio settings: the NVMe bandwidth is taken as they reach it
                  "gradient_accumulation_dtype": None}
 CHECKPOINT_KEYS = (   # activation_checkpointing (deepspeed/runtime/activation_checkpointing/config.py)
     Key("partition_activations", bool, required=False, default=False),

@@ -24,6 +24,7 @@ def check_scenario(s: Scenario, source: Path) -> None:
     _check_delayed_update(s, source)
     _check_lora(s, source)
     _check_hpz(s, source)
+    _check_nvme(s, source)
 
 
 def _check_shapes(s: Scenario, source: Path) -> None:
@@ -90,3 +91,19 @@ def _check_hpz(s: Scenario, source: Path) -> None:
     if hpz != per_node:
         raise InputError(source, "zero.zero_hpz_partition_size", f"{hpz} (secondary partitions of another size than "
                          f"a node's {per_node} data-parallel ranks): {NOT_SIMULATED_YET}; allowed: 1, {per_node}")
+
+
+def _check_nvme(s: Scenario, source: Path) -> None:
+    """ZeRO-Infinity swaps to the node's NVMe: its bandwidth and its capacity (to check that
+    the swapped state fits) must be known."""
+    z = s.zero
+    if z is None:
+        return
+    for key, off in (("offload_optimizer", z.offload_optimizer), ("offload_param", z.offload_param)):
+        if off.device.value != "nvme":
+            continue
+        host = s.cluster.host
+        missing = [k for k, v in (("nvme_bandwidth_GBps", host.nvme_bandwidth), ("nvme_TB", host.nvme_capacity)) if not v]
+        if missing:
+            raise InputError(source, f"zero.{key}.device", f"'nvme' on {s.cluster.name}, whose [host] does not give "
+                             f"{' or '.join(missing)}; allowed: none, cpu, or a cluster file with them")

@@ -28,6 +28,9 @@ class OffloadConfig:
     ratio: float = 1.0          # optimizer only: fraction of sub-groups stepped on the CPU
     buffer_count: int = 4
     nvme_path: str | None = None
+    buffer_size: int = 100_000_000   # parameters only: elements per pinned swap buffer (NVMe)
+    pipeline_read: bool = False      # optimizer only (NVMe): read the next sub-group ahead
+    pipeline_write: bool = False     # optimizer only (NVMe): write the last sub-group behind
 
     @property
     def enabled(self) -> bool:
@@ -114,11 +117,11 @@ OFFLOAD_KEYS = (
     Key("device", str, required=False, default="none", choices=tuple(OffloadDevice)),
     Key("pin_memory", _B, required=False, default=True),
     Key("nvme_path", str, required=False, default=None),
-    Key("buffer_count", _I, required=False, default=None, non_negative=True, not_simulated=True),
-    Key("buffer_size", _I, required=False, default=100_000_000, non_negative=True, not_simulated=True),
+    Key("buffer_count", _I, required=False, default=None, positive=True),
+    Key("buffer_size", _I, required=False, default=100_000_000, positive=True),
     Key("max_in_cpu", _I, required=False, default=1_000_000_000, non_negative=True, not_simulated=True),
-    Key("pipeline_read", _B, required=False, default=False, not_simulated=True),
-    Key("pipeline_write", _B, required=False, default=False, not_simulated=True),
+    Key("pipeline_read", _B, required=False, default=False),
+    Key("pipeline_write", _B, required=False, default=False),
     Key("fast_init", _B, required=False, default=False, not_simulated=True),
     Key("ratio", float, required=False, default=1.0, fraction=True),
     Key("super_offload", _B, required=False, default=False, not_simulated=True),
@@ -185,13 +188,13 @@ def _offload(raw: Any, source: str | Path, dotted: str, *, optimizer: bool) -> O
     keys = OFFLOAD_OPTIMIZER_KEYS if optimizer else OFFLOAD_PARAM_KEYS
     v = read_table(raw, keys, source, dotted + ".")
     device = OffloadDevice(v["device"])
-    if device is OffloadDevice.NVME:   # ZeRO-Infinity: swapping to NVMe is not simulated yet
-        raise InputError(source, dotted + ".device", f"'nvme' (ZeRO-Infinity): {NOT_SIMULATED_YET}; "
-                         "allowed: none, cpu")
+    if device is OffloadDevice.NVME and not v["nvme_path"]:   # offload_config.py's validator
+        raise InputError(source, dotted + ".nvme_path", "missing: device 'nvme' needs the path of the NVMe mount")
     default_count = 4 if optimizer else 5
     return OffloadConfig(device=device, pin_memory=v["pin_memory"], ratio=v.get("ratio", 1.0),
                          buffer_count=v["buffer_count"] if v["buffer_count"] is not None else default_count,
-                         nvme_path=v["nvme_path"])
+                         nvme_path=v["nvme_path"], buffer_size=v.get("buffer_size", 100_000_000),
+                         pipeline_read=v.get("pipeline_read", False), pipeline_write=v.get("pipeline_write", False))
 
 
 def _check_stage_features(stage: ZeroStage, v: Mapping[str, Any], opt: OffloadConfig,
@@ -206,6 +209,9 @@ def _check_stage_features(stage: ZeroStage, v: Mapping[str, Any], opt: OffloadCo
     zeropp += ["zero_hpz_partition_size"] if v["zero_hpz_partition_size"] > 1 else []
     if zeropp and stage != ZeroStage.PARAMETERS:   # ZeRO++ lives in stage3.py and partition_parameters.py
         raise InputError(source, prefix + zeropp[0], f"ZeRO++ needs stage 3, got stage {int(stage)}")
+    if opt.device is OffloadDevice.NVME and stage != ZeroStage.PARAMETERS:   # ZeRO-Infinity is ZeRO-3's
+        raise InputError(source, prefix + "offload_optimizer.device", f"'nvme' (ZeRO-Infinity) needs stage 3, "
+                         f"got stage {int(stage)}; allowed: none, cpu")
     if opt.ratio < 1.0 and stage != ZeroStage.PARAMETERS:   # partial offload: stage3.py's sub-groups only
         raise InputError(source, prefix + "offload_optimizer.ratio", f"{opt.ratio!r} (partial offload, Twin-Flow) "
                          f"needs stage 3, got stage {int(stage)}; allowed: 1.0 at stages 1-2")

@@ -69,12 +69,19 @@ class MemoryReport:
     pipeline_stage: int = 0                    # the stage shown: the rank with the highest need
     host_memory_bytes: float | None = None     # DRAM per node
     gpus_per_node: int = 1
+    nvme_bytes_per_gpu: float = 0.0            # ZeRO-Infinity: state swapped to the node's NVMe
+    nvme_capacity_bytes: float = 0.0
+
+    @property
+    def fits_nvme(self) -> bool:
+        return self.nvme_bytes_per_gpu * self.gpus_per_node <= self.nvme_capacity_bytes
 
     @property
     def fits(self) -> bool | None:
         if self.this_stage is None:
             return None
-        return self.rows[self.this_stage].fits
+        own = self.rows[self.this_stage].fits
+        return own if own is None else own and self.fits_nvme
 
     def to_json(self) -> dict[str, object]:
         out = asdict(self)
@@ -147,7 +154,9 @@ def scenario_report(s: Scenario, *, convention: Convention = Convention.ALLOCATE
         fragmentation=fragmentation, this_stage=int(s.zero_stage), rows=tuple(rows),
         notes=_notes(s, worst, offload_opt, offload_par),
         resident=_by_category(resident) if resident is not None else None, pipeline_stage=worst,
-        host_memory_bytes=s.cluster.host.dram, gpus_per_node=s.gpus_per_node)
+        host_memory_bytes=s.cluster.host.dram, gpus_per_node=s.gpus_per_node,
+        nvme_bytes_per_gpu=resident.nvme_bytes if resident is not None else 0.0,
+        nvme_capacity_bytes=s.cluster.host.nvme_capacity)
 
 
 def own_row_states(s: Scenario, resident: Resident, largest: float) -> tuple[ModelStateBytes, float]:

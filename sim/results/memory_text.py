@@ -39,6 +39,10 @@ def format_memory(r: MemoryReport) -> str:
             verdict = "fits" if node <= r.host_memory_bytes else "DOES NOT FIT"
             lines.append(f"host memory: {own.host_bytes / GB:.1f} GB per GPU x {r.gpus_per_node} GPUs = "
                          f"{node / GB:.1f} GB per node of {r.host_memory_bytes / GB:.1f} GB DRAM: {verdict}")
+        if r.nvme_bytes_per_gpu > 0:
+            node = r.nvme_bytes_per_gpu * r.gpus_per_node
+            lines.append(f"NVMe: {r.nvme_bytes_per_gpu / GB:.1f} GB per GPU x {r.gpus_per_node} GPUs = {node / GB:.1f} GB "
+                         f"per node of {r.nvme_capacity_bytes / GB:.1f} GB: {'fits' if r.fits_nvme else 'DOES NOT FIT'}")
     lines += [f"note: {n}" for n in r.notes]
     if r.device_memory_bytes:
         limits = r.to_json()["largest_model_params_limit"]

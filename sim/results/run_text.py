@@ -33,6 +33,12 @@ def format_run(j: dict[str, Any], question: str) -> str:
         oom = mem["out_of_memory"]
         lines.append(f"DOES NOT FIT: at {oom['time_s']:.4f} s allocating {oom['allocating']} "
                      f"({oom['bytes'] / GB:.2f} GB) with {oom['in_use_bytes'] / GB:.2f} GB in use")
+    if mem["nvme_bytes_per_node"] > 0:
+        lines.append(f"NVMe           {mem['nvme_bytes_per_node'] / GB:.1f} GB per node of "
+                     f"{mem['nvme_capacity_bytes'] / GB:.1f} GB")
+        if not mem["fits_nvme"]:
+            lines.append(f"DOES NOT FIT on NVMe: {mem['nvme_bytes_per_node'] / GB:.1f} GB per node > "
+                         f"{mem['nvme_capacity_bytes'] / GB:.1f} GB")
     if not mem["fits_host"]:
         lines.append(f"DOES NOT FIT in host memory: {mem['host_bytes_per_node'] / GB:.1f} GB per node > "
                      f"{mem['host_capacity_bytes'] / GB:.1f} GB DRAM")

@@ -38,12 +38,17 @@ class SimulationResult:
 
     @property
     def fits(self) -> bool:
-        return self.fits_device and self.host_node_bytes() <= self.scenario.cluster.host.dram
+        host = self.scenario.cluster.host
+        return self.fits_device and self.host_node_bytes() <= host.dram and self.fits_nvme
 
-    def host_node_bytes(self) -> float:
-        """Host memory the busiest node needs: the resident host allocations (offloaded
-        states) of every rank on it, summed (sim.engines.resident)."""
-        per_class = [sum(a.nbytes for a in c.host) for c in self.schedule.classes]
+    @property
+    def fits_nvme(self) -> bool:
+        return self.host_node_bytes(nvme=True) <= self.scenario.cluster.host.nvme_capacity
+
+    def host_node_bytes(self, nvme: bool = False) -> float:
+        """Host memory (or, with `nvme`, NVMe space: ZeRO-Infinity) the busiest node needs:
+        the resident host-side allocations of every rank on it, summed (sim.engines.resident)."""
+        per_class = [sum(a.nbytes for a in c.host if (a.category is Mem.NVME) == nvme) for c in self.schedule.classes]
         if not any(per_class):
             return 0.0
         gpn, layout = self.scenario.gpus_per_node, self.layout
@@ -95,10 +100,13 @@ class SimulationResult:
                        "activations_bytes": peak.peak_breakdown.get(Mem.ACTIVATIONS, 0.0),
                        "buffers_bytes": peak.peak_breakdown.get(Mem.BUFFERS, 0.0),
                        "out_of_memory": peak.oom, "fits_device": self.fits_device,
-                       "host_bytes_per_gpu": max(sum(a.nbytes for a in c.host) for c in self.schedule.classes),
+                       "host_bytes_per_gpu": max(sum(a.nbytes for a in c.host if a.category is not Mem.NVME)
+                                                 for c in self.schedule.classes),
                        "host_bytes_per_node": self.host_node_bytes(),
                        "host_capacity_bytes": s.cluster.host.dram,
-                       "fits_host": self.host_node_bytes() <= s.cluster.host.dram},
+                       "fits_host": self.host_node_bytes() <= s.cluster.host.dram,
+                       "nvme_bytes_per_node": self.host_node_bytes(nvme=True),
+                       "nvme_capacity_bytes": s.cluster.host.nvme_capacity, "fits_nvme": self.fits_nvme},
             "comm": self.comm_table(),
             "engine": s.engine.value, "schedule": self.schedule.strategy, "mode": self.mode.value,
             "steps": self.steps, "notes": self.schedule.notes,

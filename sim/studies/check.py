@@ -52,8 +52,7 @@ def op_cost(op: AnyOp, s: Scenario, layout: Layout) -> float:
     if alone is not None:
         return alone
     if isinstance(op, Copy):
-        return cluster.host.pcie.latency + op.nbytes / (opcost.pcie_bandwidth(cluster)
-                                                        * opcost.copy_share(op.pageable, cluster))
+        return opcost.copy_time(op.nbytes, op.direction.value, op.pageable, cluster, s.gpus_per_node)
     assert isinstance(op, Collective | Send), op
     members = layout.group(op.axis, layout.representatives[0])
     nodes, per_node = layout.group_span(op.axis, layout.representatives[0])

@@ -261,7 +261,7 @@ def test_output_paths_are_checked_first(tmp_path, capsys, flag, where):
 # -- accepted but not simulated: refused until they are; host memory is part of "fits" -------
 @pytest.mark.parametrize("zero", [
     "zero_quantized_nontrainable_weights = true", "zero_hpz_partition_size = 4",
-    'offload_optimizer = {device = "nvme", nvme_path = "/tmp"}', 'offload_param = {device = "nvme", nvme_path = "/tmp"}',
+    'offload_optimizer = {device = "cpu", cpuadam_cores_perc = 0.5}', 'offload_param = {device = "cpu", max_in_cpu = 1000}',
     "contiguous_gradients = false", "allgather_sequential = true",
 ])
 @pytest.mark.parametrize("command", ["run", "memory"])
@@ -281,6 +281,12 @@ def test_zero_features_not_simulated_yet(tmp_path, capsys, command, zero):
 @pytest.mark.parametrize("command", ["run", "memory"])
 def test_combinations_not_simulated_yet_are_refused_by_every_command(tmp_path, capsys, command, text):
     refused([command, scenario_with(tmp_path, text)], capsys, "not simulated yet")
+
+
+@pytest.mark.parametrize("where", ["offload_optimizer", "offload_param"])
+def test_nvme_offload_needs_a_cluster_with_nvme_figures(tmp_path, capsys, where):
+    path = scenario_with(tmp_path, SCENARIO.replace("stage = 3", f'stage = 3\n{where} = {{device = "nvme", nvme_path = "/tmp"}}'))
+    refused(["run", path], capsys, f"zero.{where}.device", "nvme_bandwidth_GBps or nvme_TB")
 
 
 def test_host_memory_is_part_of_fits(tmp_path, capsys):

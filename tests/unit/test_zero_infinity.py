@@ -1,0 +1,110 @@
+"""ZeRO-Infinity: optimizer states and parameters swapped to the node's NVMe, sub-group by
+sub-group, with and without DeepSpeed's pipelined reads and writes; NVMe capacity checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+from sim.core.errors import InputError
+from sim.engines.schedule import Copy, CpuStep, Mem, Stream
+from sim.inputs.load import scenario_from_table
+from sim.simulate import simulate
+
+GB = 1e9
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cluster_file(tmp_path: Path, nvme_tb: float = 30.0) -> str:
+    """DGX-2 with its NVMe capacity given (8 x 3.84 TB on the datasheet)."""
+    text = (REPO / "hardware" / "dgx2.toml").read_text().replace('gpu = "gpus/v100-sxm-32g.toml"',
+                                                                 f'gpu = "{REPO / "hardware" / "gpus" / "v100-sxm-32g.toml"}"')
+    text = text.replace("nvme_bandwidth_GBps = 25", f"nvme_bandwidth_GBps = 25\nnvme_TB = {nvme_tb}")
+    path = tmp_path / "dgx2-nvme.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def table(cluster: str, optimizer: dict | str, param: dict | str = "none", model: str = "llama2-13b") -> dict:
+    return {"model": model, "cluster": cluster, "nodes": 1,
+            "training": {"seq_len": 2048, "micro_batch": 1, "global_batch": 16, "precision": "fp16",
+                         "recompute": "full"},
+            "zero": {"stage": 3, "sub_group_size": 100_000_000, "offload_optimizer": optimizer, "offload_param": param}}
+
+
+def run(t: dict):
+    return simulate(scenario_from_table(t, Path("s.toml"), "s"))
+
+
+NVME = {"device": "nvme", "nvme_path": "/local_nvme"}
+
+
+def copies(result, stream: Stream) -> list:
+    return sorted((sp for sp in result.engine.spans if sp.rank == 0 and isinstance(sp.op, Copy)
+                   and sp.op.direction is stream), key=lambda sp: sp.start)
+
+
+def test_optimizer_on_nvme_swaps_16_bytes_in_and_12_out_per_parameter_per_step(tmp_path):
+    r = run(table(cluster_file(tmp_path), NVME))
+    nvme = sum(a.nbytes for a in r.schedule.classes[0].host if a.category is Mem.NVME)
+    partition = nvme / 16.0
+    reads = sum(sp.op.nbytes for sp in copies(r, Stream.NVME_READ))
+    writes = sum(sp.op.nbytes for sp in copies(r, Stream.NVME_WRITE))
+    assert reads == pytest.approx(16 * partition, rel=1e-6)
+    assert writes == pytest.approx(12 * partition + 4 * partition, rel=1e-6)   # states + fp32 gradients
+    assert r.fits_nvme and r.step_time_s > run(table(cluster_file(tmp_path), "cpu")).step_time_s
+
+
+def test_pipelined_reads_and_writes_overlap_the_cpu_adam_of_neighbouring_sub_groups(tmp_path):
+    path = cluster_file(tmp_path)
+    serial = run(table(path, NVME))
+    piped = run(table(path, {**NVME, "pipeline_read": True, "pipeline_write": True}))
+    assert piped.step_time_s < serial.step_time_s
+    adam = sorted((sp for sp in piped.engine.spans if sp.rank == 0 and isinstance(sp.op, CpuStep) and sp.op.params),
+                  key=lambda sp: sp.start)
+    reads = [sp for sp in copies(piped, Stream.NVME_READ) if sp.op.phase.value == "step"]
+    assert len(adam) == len(reads) >= 2
+    assert reads[1].start < adam[0].end          # read-ahead: the next sub-group comes in during this Adam
+    s_adam = sorted((sp for sp in serial.engine.spans if sp.rank == 0 and isinstance(sp.op, CpuStep)
+                     and sp.op.params), key=lambda sp: sp.start)
+    s_reads = [sp for sp in copies(serial, Stream.NVME_READ) if sp.op.phase.value == "step"]
+    assert s_reads[1].start >= s_adam[0].end     # without it: one sub-group at a time
+
+
+def test_parameters_on_nvme_are_read_before_each_gather_and_written_back_after_the_step(tmp_path):
+    r = run(table(cluster_file(tmp_path), NVME, NVME))
+    names = [sp.op.name for sp in copies(r, Stream.NVME_READ)]
+    assert any("parameter partition" in n for n in names)
+    assert any("16-bit sub-group" in sp.op.name for sp in copies(r, Stream.NVME_WRITE))
+    assert not any("16-bit sub-group" in sp.op.name for sp in copies(r, Stream.H2D))   # no copy back to the GPU
+    on_gpu = run(table(cluster_file(tmp_path), "none"))
+    assert r.peak_pool().peak <= on_gpu.peak_pool().peak
+    buffers = [a for a in r.schedule.classes[0].host if a.label == "pinned parameter swap buffers"]
+    assert buffers and buffers[0].nbytes == 5 * 100_000_000 * 2          # buffer_count x buffer_size x 2 B
+
+
+def test_a_node_whose_nvme_cannot_hold_the_swapped_state_exits_3_with_the_numbers(tmp_path, capsys):
+    path = tmp_path / "s.toml"
+    path.write_text(f'model = "llama2-70b"\ncluster = "{cluster_file(tmp_path, nvme_tb=0.5)}"\nnodes = 1\n'
+                    '[training]\nseq_len = 2048\nmicro_batch = 1\nglobal_batch = 16\nprecision = "fp16"\n'
+                    'recompute = "full"\n[zero]\nstage = 3\n'
+                    'offload_optimizer = { device = "nvme", nvme_path = "/local_nvme" }\n'
+                    'offload_param = { device = "nvme", nvme_path = "/local_nvme" }\n')
+    assert main(["run", str(path)]) == 3
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT on NVMe" in out and "of 500.0 GB" in out
+    assert main(["memory", str(path)]) == 3
+    assert "NVMe:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"cluster": "dgx-a100-80g"}, "nvme_bandwidth_GBps or nvme_TB"),
+    ({"zero": {"stage": 2, "offload_optimizer": NVME}}, "needs stage 3"),
+    ({"zero": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}, "nvme_path"),
+])
+def test_nvme_offload_that_cannot_run_is_refused(tmp_path, change, words):
+    t = {**table(cluster_file(tmp_path), NVME), **change}
+    with pytest.raises(InputError, match=words):
+        scenario_from_table(t, Path("s.toml"), "s")
