@@ -161,9 +161,11 @@ def ds_offload(text: str, stage: int, notes: list[str]) -> dict[str, Any]:
         if re.search(r"\bdpu\s*(on|enabled)", clause):
             out["delayed_parameter_update"] = True     # the caller moves it to [training]
             notes.append("the ZeRO-Offload paper's delayed parameter update (DPU) on")
-        device = "nvme" if "nvme" in clause else "cpu" if "cpu" in clause else None
+        device: Any = "nvme" if "nvme" in clause else "cpu" if "cpu" in clause else None
         if device is None:
             continue
+        if device == "nvme":    # the mount point changes nothing simulated; the rows do not give it
+            device = {"device": "nvme", "nvme_path": "/local_nvme"}
         named = False
         if "optim" in clause or "grad" in clause or "adam" in clause:
             out.setdefault("offload_optimizer", device)
