@@ -8,7 +8,7 @@ import pytest
 
 from sim.analytic.placement import stage_census
 from sim.engines.ddp import greedy_loads, greedy_partition
-from sim.engines.deepspeed_zero3 import persistent_numel
+from sim.engines.zero3_memory import persistent_numel
 from sim.engines.plan import layout_of, plan, planner_for
 from sim.engines.schedule import Mem
 from sim.results.memory_report import scenario_report
