@@ -8,9 +8,9 @@ import pytest
 
 from sim.analytic.placement import stage_census
 from sim.engines.ddp import greedy_loads, greedy_partition
-from sim.engines.zero3_memory import persistent_numel
 from sim.engines.plan import layout_of, plan, planner_for
 from sim.engines.schedule import Mem
+from sim.engines.zero3_memory import persistent_numel
 from sim.results.memory_report import scenario_report
 from tests.crosscheck.scenarios import STRATEGIES, tiny
 
