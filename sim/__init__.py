@@ -7,6 +7,7 @@ The public API, by the data flow (design.md):
     result = sim.simulate(scenario)               # des + results: when, and what it costs
     result.to_json()                              # the results contract
     sim.scenario_report(scenario)                 # the memory table of `zerosim memory`
+    sim.sweep("scenarios/....toml", {"zero.stage": [1, 2, 3]})   # studies: a pandas DataFrame
 
 Sub-packages, from the ground up: core (vocabulary), analytic (closed forms) and inputs
 (files -> Scenario), engines (one model per training engine -> Schedule), des (the SimPy
@@ -26,7 +27,7 @@ _API = {
     "simulate": "sim.simulate", "SimulationResult": "sim.simulate",
     "scenario_report": "sim.results.memory_report", "quick_report": "sim.results.memory_report",
     "event_table": "sim.results.tables", "collective_summary": "sim.results.tables",
-    "chrome_trace": "sim.results.trace",
+    "chrome_trace": "sim.results.trace", "sweep": "sim.studies.sweep",
 }
 __all__ = sorted(_API)
 

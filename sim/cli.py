@@ -25,15 +25,17 @@ from sim.cli_checks import (
     check_output_path,
     image_suffixes,
     parse_quantity,
+    scenario_path,
     strict_json,
     written,
 )
 from sim.cli_fit import add_fit_args, cmd_fit
+from sim.cli_sweep import add_sweep_args, cmd_sweep
 from sim.core import limits as L
 from sim.core.enums import Convention
 from sim.core.errors import InputError
 from sim.des.engine import Mode
-from sim.inputs.catalog import KINDS, catalog_names, looks_like_path, resolve
+from sim.inputs.catalog import KINDS, catalog_names
 from sim.inputs.load import load_scenario
 from sim.results.memory_report import quick_report, scenario_report
 from sim.results.memory_text import format_memory
@@ -101,16 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(shared/validation format) with the DES; report in-sample and "
                                      "cross-validated errors per row; optionally write fitted hardware files.")
     add_fit_args(fit)
+    swp = sub.add_parser("sweep", help="simulate the product of scenario-key values: one row per point",
+                         description="Vary scenario keys (dotted, as in the file) over their values, simulate "
+                                     "every combination in parallel and print / write the table (pandas).")
+    add_sweep_args(swp)
     cat = sub.add_parser("catalog", help="list bundled models, hardware and scenarios")
     cat.add_argument("kind", nargs="?", choices=KINDS)
     return parser
 
-
-def scenario_path(arg: str) -> Path:
-    """A scenario file path, or the name of a bundled scenario (`zerosim catalog scenarios`)."""
-    if looks_like_path(arg):
-        return Path(arg)
-    return resolve(arg, "scenarios", Path.cwd(), CLI, "scenario")
 
 
 def cmd_memory(args: argparse.Namespace) -> int:
@@ -203,7 +203,7 @@ def cmd_validation(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"memory": cmd_memory, "run": cmd_run, "check": cmd_check, "catalog": cmd_catalog, "fit": cmd_fit,
-            "calibrate": cmd_validation, "validate": cmd_validation}
+            "sweep": cmd_sweep, "calibrate": cmd_validation, "validate": cmd_validation}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.core.errors import InputError, allowed
+from sim.inputs.catalog import looks_like_path, resolve
 
 CLI = "command line"
 _NUMBER = re.compile(r"^\s*((?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
@@ -112,3 +113,10 @@ def _numbers(obj: Any, where: str) -> Iterator[tuple[str, float]]:
             stack.extend((f"{here}.{k}" if here else str(k), v) for k, v in value.items())
         elif isinstance(value, (list, tuple)):
             stack.extend((f"{here}[{i}]", v) for i, v in enumerate(value))
+
+
+def scenario_path(arg: str) -> Path:
+    """A scenario file path, or the name of a bundled scenario (`zerosim catalog scenarios`)."""
+    if looks_like_path(arg):
+        return Path(arg)
+    return resolve(arg, "scenarios", Path.cwd(), CLI, "scenario")
