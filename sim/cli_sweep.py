@@ -25,15 +25,18 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: every core; 1: serial)")
     p.add_argument("--csv", metavar="OUT.csv", help="write the whole table as CSV")
     p.add_argument("--parquet", metavar="OUT.parquet", help="write the whole table as Parquet (needs pyarrow)")
-    p.add_argument("--backend", default="joblib", choices=("joblib", "ray", "dask"),
-                   help="where the points run: joblib on the local cores (default); ray and dask are not "
-                        "supported yet")
+    p.add_argument("--backend", default="joblib", choices=("joblib", "dask", "ray"),
+                   help="where the points run: joblib on the local cores (default), or dask (a local "
+                        "cluster, or --address's scheduler; pip install 'zerosim[dask]'); ray is not supported yet")
+    p.add_argument("--address", help="with --backend dask: the scheduler to use (tcp://host:8786)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    if args.backend != "joblib":
-        raise InputError(CLI, "--backend", f"{args.backend!r}: not supported yet; allowed: joblib")
+    if args.backend == "ray":
+        raise InputError(CLI, "--backend", "'ray': not supported yet; allowed: joblib, dask")
+    if args.address and args.backend != "dask":
+        raise InputError(CLI, "--address", "only with --backend dask")
     jobs = check_int(args.jobs, "--jobs", low=1, high=1024) if args.jobs is not None else None
     csv = check_output_path(args.csv, "--csv", ("csv",)) if args.csv else None
     parquet = check_output_path(args.parquet, "--parquet", ("parquet",)) if args.parquet else None
@@ -46,7 +49,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise InputError(CLI, "--vary", f"{key} given twice; allowed: each key once, with all its values")
         vary[key] = values
     path = scenario_path(args.scenario)
-    table = sweep(path, vary, jobs=jobs, progress=None if args.no_progress else _bar)
+    table = sweep(path, vary, jobs=jobs, progress=None if args.no_progress else _bar, backend=args.backend,
+                  address=args.address)
     if csv:
         written(csv, "--csv", lambda p: table.to_csv(p, index=False))
     if parquet:

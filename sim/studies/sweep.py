@@ -106,22 +106,55 @@ def _not_fitting(report: Mapping[str, Any]) -> str:
     return "does not fit on NVMe"
 
 
+BACKENDS = ("joblib", "dask")
+
+
 def sweep(scenario: str | Path, vary: Mapping[str, Sequence[Any]], *, jobs: int | None = None,
-          progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None) -> pd.DataFrame:
+          progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None, backend: str = "joblib",
+          address: str | None = None) -> pd.DataFrame:
     """Simulate every point of the product of `vary` (dotted scenario keys -> values) for the
     scenario file `scenario`; one row per point, in product order. `jobs`: worker processes
-    (default: the machine's cores; 1 runs in this process); `progress`: wraps the stream of
-    finished points (e.g. a tqdm bar)."""
+    (default: the machine's cores; 1 with joblib runs in this process); `progress`: wraps the
+    stream of finished points (e.g. a tqdm bar). `backend`: joblib on the local cores, or
+    Dask (`pip install 'zerosim[dask]'`): the scheduler at `address`, or a local cluster of
+    `jobs` worker processes. The table is the same whatever the backend."""
+    if backend not in BACKENDS:
+        raise InputError("--backend", backend, f"not supported yet; allowed: {', '.join(BACKENDS)}")
     path = Path(scenario)
     raw = parse_toml(read_text(path), path)
     todo = points(vary)
     workers = jobs or os.cpu_count() or 1
+    calls = [(raw, path, path.stem, p) for p in todo]
+    if backend == "dask":
+        return pd.DataFrame(_on_dask(calls, workers, address, progress))
     if workers == 1 or len(todo) == 1:
-        rows: Iterable[Any] = (run_point(raw, path, path.stem, p) for p in todo)
+        rows: Iterable[Any] = (run_point(*call) for call in calls)
     else:
         from joblib import Parallel, delayed  # joblib's process pool (loky)
         parallel = Parallel(n_jobs=min(workers, len(todo)), return_as="generator")
-        rows = parallel(delayed(run_point)(raw, path, path.stem, p) for p in todo)
+        rows = parallel(delayed(run_point)(*call) for call in calls)
     if progress is not None:
         rows = progress(rows, len(todo))
     return pd.DataFrame(list(rows))
+
+
+def _on_dask(calls: list[tuple[Any, ...]], workers: int, address: str | None,
+             progress: Callable[[Iterable[Any], int], Iterable[Any]] | None) -> list[dict[str, Any]]:
+    """The points as Dask futures, collected in product order."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise InputError("--backend", "dask", "needs dask.distributed; allowed: pip install 'zerosim[dask]', "
+                         "or --backend joblib") from None
+    cluster = None if address else LocalCluster(n_workers=min(workers, len(calls)), threads_per_worker=1,
+                                                processes=True, dashboard_address=None)
+    try:
+        with Client(address or cluster) as client:
+            futures = [client.submit(run_point, *call, pure=False) for call in calls]
+            done: Iterable[Any] = (f.result() for f in futures)
+            if progress is not None:
+                done = progress(done, len(calls))
+            return list(done)
+    finally:
+        if cluster is not None:
+            cluster.close()

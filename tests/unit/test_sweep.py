@@ -77,3 +77,9 @@ def test_the_command_writes_the_whole_table_and_refuses_what_it_cannot_do(scenar
                         (["--vary", "zero.stage=1", "--csv", str(tmp_path / "x.txt")], "--csv")):
         assert main(["sweep", str(scenario), *argv]) == 2
         assert words in capsys.readouterr().err
+
+
+def test_the_dask_backend_returns_the_same_table(scenario):
+    pytest.importorskip("distributed")
+    vary = {"zero.stage": [1, 3], "training.micro_batch": [1, 2]}
+    pd.testing.assert_frame_equal(sim.sweep(scenario, vary, jobs=1), sim.sweep(scenario, vary, jobs=2, backend="dask"))
