@@ -29,6 +29,7 @@ from sim.cli_checks import (
     strict_json,
     written,
 )
+from sim.cli_explain import add_explain_args, cmd_explain
 from sim.cli_fit import add_fit_args, cmd_fit
 from sim.cli_sweep import add_sweep_args, cmd_sweep
 from sim.core import limits as L
@@ -103,6 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(shared/validation format) with the DES; report in-sample and "
                                      "cross-validated errors per row; optionally write fitted hardware files.")
     add_fit_args(fit)
+    exp = sub.add_parser("explain", help="per communication / offload class: busy, hidden, exposed, verdict, "
+                         "and what would hide it", description="Which communication and offload is hidden behind "
+                         "compute, and the micro-batch, bandwidth and prefetch / bucket that would hide it (DES "
+                         "searches on variants of the scenario).")
+    add_explain_args(exp)
     swp = sub.add_parser("sweep", help="simulate the product of scenario-key values: one row per point",
                          description="Vary scenario keys (dotted, as in the file) over their values, simulate "
                                      "every combination in parallel and print / write the table (pandas).")
@@ -203,7 +209,7 @@ def cmd_validation(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"memory": cmd_memory, "run": cmd_run, "check": cmd_check, "catalog": cmd_catalog, "fit": cmd_fit,
-            "sweep": cmd_sweep, "calibrate": cmd_validation, "validate": cmd_validation}
+            "sweep": cmd_sweep, "explain": cmd_explain, "calibrate": cmd_validation, "validate": cmd_validation}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -53,7 +53,9 @@ def model_flops_per_token(m: ModelSpec, seq_len: int, *, causal: bool = False) -
     """
     attention = 12.0 * m.layers * m.heads * m.head_dim * seq_len * (0.5 if causal else 1.0)
     if m.lora is not None:
-        adapters = sum(t.numel for mod in module_tree(m) for t in mod.tensors if t.trainable)
+        active = min(m.experts_per_token, m.experts) / m.experts     # an expert's adapters see T k / E tokens
+        adapters = sum(t.numel * (active if mod.expert is not None else 1.0)
+                       for mod in module_tree(m) for t in mod.tensors if t.trainable)
         return 4.0 * active_params(m) + 6.0 * adapters + attention
     return 6.0 * active_params(m) + attention
 

@@ -10,6 +10,7 @@ transformer block, and both pad per tensor (reference/engines-and-costmodels.md 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -45,12 +46,16 @@ class LoraSpec:
     """PEFT's LoraConfig as simulated (peft/tuners/lora/config.py): rank-`rank` adapters on
     the Linears inside the blocks that `targets` names. A target matches a module whose
     name is the target or ends with "." + target (peft/tuners/tuners_utils.py
-    `check_target_module_exists`); "all-linear" matches every Linear of the blocks."""
+    `check_target_module_exists`); "all-linear" matches every Linear of the blocks; a
+    `pattern` (target_modules given as one string) must match the whole module name."""
 
     rank: int
     targets: tuple[str, ...]
+    pattern: str | None = None
 
     def targets_module(self, name: str) -> bool:
+        if self.pattern is not None:
+            return re.fullmatch(self.pattern, name) is not None
         return self.targets == ("all-linear",) or any(name == t or name.endswith("." + t) for t in self.targets)
 
 

@@ -144,8 +144,8 @@ class EventEngine:
             for link in opcost.LinkClass:
                 capacity[(r, link)] = opcost.link_capacity(link, cluster)
             capacity[(r, Stream.H2D)] = capacity[(r, Stream.D2H)] = opcost.pcie_bandwidth(cluster)
+            # the node's NVMe, shared by its ranks; reads and writes share it (sim.des.transfers)
             capacity[(r, Stream.NVME_READ)] = opcost.nvme_bandwidth(cluster, self.scenario.gpus_per_node, write=False)
-            capacity[(r, Stream.NVME_WRITE)] = opcost.nvme_bandwidth(cluster, self.scenario.gpus_per_node, write=True)
         self.network = FlowNetwork(self.env, capacity)
         self.pools = {r: MemoryPool(r, cluster.gpu.memory) for r in self.ranks}
         self._class = {r: self.layout.class_of(r) for r in self.ranks}

@@ -166,7 +166,7 @@ def zero12_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
     padded = flat_padded(psi, dp)
     n = dp if stage >= ZeroStage.OPTIMIZER else 1
     offload = z.offload_optimizer.enabled
-    device = [*frozen_base(census), Alloc(Mem.PARAMS, "16-bit parameters", h * psi)]
+    device = [*frozen_base(census, value_bytes=h), Alloc(Mem.PARAMS, "16-bit parameters", h * psi)]
     if not (offload and stage >= ZeroStage.GRADIENTS):
         device.append(Alloc(Mem.GRADS, "16-bit gradients", h * padded / (dp if stage >= ZeroStage.GRADIENTS else 1)))
     host: list[Alloc] = []
@@ -237,6 +237,7 @@ def zeropp_dp_volume(s: Scenario) -> dict[str, float]:
         persistence_threshold=z.param_persistence_threshold, recompute_share=recompute_share(s),
         quantized_weights=z.zero_quantized_weights, hierarchical=z.zero_hpz_partition_size > 1,
         quantized_gradients=z.zero_quantized_gradients, node_ranks=len(layout.group(Axis.DP_NODE, rep)),
-        nodes=len(layout.group(Axis.DP_ACROSS, rep)), hidden=s.model.hidden)
+        nodes=len(layout.group(Axis.DP_ACROSS, rep)), hidden=s.model.hidden,
+        grad_tensors=[n for n, _ in rank_tensors(s.model, p.tp, p.pp, 0, trainable_only=True)])
     out["all_reduce"] = 2 * (p.dp - 1) / p.dp * 8.0 if p.dp > 1 else 0.0   # the step's fp64 norm
     return {k: v for k, v in out.items() if v}

@@ -31,7 +31,7 @@ from typing import NamedTuple
 from sim.analytic import kernels as kn
 from sim.analytic.comm import tensor_padded
 from sim.analytic.placement import TensorGroup
-from sim.core.enums import Coll, OffloadDevice, ScheduleMode, ZeroStage
+from sim.core.enums import Axis, Coll, OffloadDevice, ScheduleMode, ZeroStage
 from sim.core.specs import IntraNodeTopology
 from sim.engines.buckets import DeepSpeedBucket
 from sim.engines.deepspeed_zero12 import deepspeed_dp_volume, no_partitioned_gradients_with_pipelines
@@ -87,6 +87,9 @@ class Zero3Planner(Planner):
         self.bucket_tensors = 0
         self.bucket_numels: list[int] = []     # the bucket's gradient tensors (qgZ reduces them one by one)
         self.zpp = ZeroPlusPlus.of(self.z, self.h)
+        # qgZ needs more than one node (stage3.py __avg_scatter_grads: else reduce_scatter_coalesced)
+        rep = layout.representatives[stage]
+        self.qgz = self.zpp.quantized_gradients and len(layout.group(Axis.DP_ACROSS, rep)) > 1
         self.released: set[str] = set()        # owners released once this step (hpZ: secondary partition made)
         self.to_unpack: dict[OpRef, tuple[int, int, int]] = {}   # gathers not yet waited for:
                                                                  # (elements, tensors, ranks)
@@ -124,6 +127,7 @@ class Zero3Planner(Planner):
     # -- fetching ---------------------------------------------------------------------------
     def build(self) -> Schedule:
         self.resident()
+        self.start_of_step()
         for ms in range(self.t.grad_accum):
             self.micro_step(ms)
         self.optimizer_step()
@@ -310,7 +314,7 @@ class Zero3Planner(Planner):
         numels = self.bucket_numels
         self.bucket_padded = self.bucket_tensors = 0
         self.bucket_numels = []
-        if self.zpp.quantized_gradients:
+        if self.qgz:
             rs = qgz_reduce(self, numels, ms, producer, layer)
         else:
             rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, self.h * padded, "reduce_scatter bucket",
@@ -319,7 +323,7 @@ class Zero3Planner(Planner):
         self.reductions.append(rs)
         if len(self.reductions) > MAX_REDUCE_EVENTS:
             self.b.host_sync(self.reductions.popleft())
-        if self.z.offload_optimizer.enabled and ms == self.boundary:
+        if self.z.offload_optimizer.enabled and ms == self.boundary and self.cpu_share > 0:
             down = self.copy(Stream.D2H, self.cpu_share * self.h * padded / self.dp, "D2H gradient partition",
                              Phase.BWD, ms, stream=Stream.REDUCE, deps=[rs], layer=layer,
                              pageable=not self.z.offload_optimizer.pin_memory)
@@ -359,8 +363,9 @@ class Zero3Planner(Planner):
         else:
             tile = min(shard, self.z.sub_group_size)
             groups = max(1, -(-int(shard) // int(tile))) if tile else 1   # one flat tensor per sub-group
-            self.optimizer(GpuAdam(self.t.optimizer, groups, (Alloc(Mem.OPTIMIZER, "fp32 gradient sub-group",
-                                                                     4.0 * tile),)), shard, [norm])
+            step = self.optimizer(GpuAdam(self.t.optimizer, groups, (Alloc(Mem.OPTIMIZER, "fp32 gradient sub-group",
+                                                                            4.0 * tile),)), shard, [norm])
+            self._write_back_parameters(step, self.padded_total / self.dp)
         padded = [tensor_padded(self.granules[self._owner_index(o)].tensors[j], self.dp)
                   for o, j in sorted(self.persistent, key=self._tensor_order)]
         if not padded:
@@ -373,6 +378,20 @@ class Zero3Planner(Planner):
         else:
             self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * sum(padded),
                             "all-gather persistent parameters", Phase.STEP, self.boundary, purpose="post-step")
+
+    def _write_back_parameters(self, step: OpRef, shard: float) -> None:
+        """Parameters offloaded with the optimizer on the GPU: `_reassign_or_swap_out_partitioned_parameters`
+        copies each updated sub-group into the host's 16-bit partition (a D2H), or swaps it
+        out to NVMe; the next forward reads them back before its gathers."""
+        par = self.z.offload_param
+        if not par.enabled:
+            return
+        down = self.copy(Stream.D2H, self.h * shard, "D2H updated 16-bit partition", Phase.STEP, self.boundary,
+                         deps=[step], pageable=not par.pin_memory)
+        if par.device is OffloadDevice.NVME:
+            down = self.copy(Stream.NVME_WRITE, self.h * shard, "NVMe swap-out of the 16-bit partition", Phase.STEP,
+                             self.boundary, deps=[down])
+        self.b.stream_wait(Stream.COMPUTE, down)
 
     def _tensor_order(self, key: tuple[str, int]) -> tuple[int, int]:
         return self._owner_index(key[0]), key[1]

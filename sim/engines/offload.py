@@ -112,13 +112,16 @@ class Zero3OffloadStep:
             last = b.compute(f"fp32 -> 16-bit cast, sub-group {i}", Phase.STEP, micro_step,
                              kernels=(kn.memory("cast", CAST_BYTES * n),))
         previous: OpRef | None = None       # what the host waits for before the next sub-group
+        began: list[OpRef | None] = list(wanted)   # what sub-group i - 1 waited for before it began
         read: OpRef | None = None
         back: OpRef | None = None           # the last H2D of updated parameters
         for i, n in enumerate(groups[on_gpu:], start=on_gpu):
             after = [previous] if previous is not None else wanted
-            if self.nvme:
+            if self.nvme:   # read-ahead: one sub-group ahead, once the previous one has begun
+                ahead = self.pipeline_read and read is not None
                 read = b.copy(Stream.NVME_READ, SWAP_IN_BYTES * n, f"NVMe swap-in, sub-group {i}", Phase.STEP,
-                              micro_step, deps=[read] if self.pipeline_read and read is not None else after)
+                              micro_step, deps=[read, *began] if ahead else after)
+                began = list(after)
                 after = [*after, read]
             adam = b.cpu_step(f"CPU-Adam, sub-group {i}", micro_step, params=n, deps=after)
             done = b.cpu_step(f"fp32 -> 16-bit cast on the CPU, sub-group {i}", micro_step, params=0.0,

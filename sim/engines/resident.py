@@ -63,11 +63,12 @@ def resident(s: Scenario, device: list[Alloc], host: list[Alloc]) -> Resident:
     return Resident(tuple(a for a in device if a.nbytes > 0), tuple(a for a in host if a.nbytes > 0))
 
 
-def frozen_base(census: list[TensorGroup], *, shards: int = 1) -> list[Alloc]:
-    """LoRA's frozen base: 16-bit weights, no gradient, no optimizer state (PEFT recipes load
-    the base in bf16), split `shards` ways where the engine shards parameters (ZeRO-3, FSDP2)."""
+def frozen_base(census: list[TensorGroup], *, value_bytes: float = 2.0) -> list[Alloc]:
+    """LoRA's frozen base: no gradient, no optimizer state; 16-bit for the torch engines (PEFT
+    recipes load the base in bf16), the training dtype under DeepSpeed (its engine casts the
+    whole module)."""
     frozen = frozen_numel(census)
-    return [Alloc(Mem.PARAMS, "frozen 16-bit base (LoRA)", 2.0 * frozen / shards)] if frozen else []
+    return [Alloc(Mem.PARAMS, "frozen base (LoRA)", value_bytes * frozen)] if frozen else []
 
 
 def half_bytes(s: Scenario) -> int:

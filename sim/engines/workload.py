@@ -124,7 +124,7 @@ def _module_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:
 def _trainable_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:
     v, tp, style = shape.value_bytes, shape.tp, shape.style
     if mod.lora:
-        return _adapter_passes(mod, shape)
+        return _adapter_passes(m, mod, shape)
     if mod.kind == "embedding":
         rows = mod.tensors[0].shape[0]
         passes = kn.embedding(mod.name, shape.tokens, m.hidden, -(-rows // tp), v)
@@ -168,12 +168,15 @@ def _linear_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:
     return chain(head, kn.cross_entropy("loss", tokens, -(-out_features // tp), style, v))
 
 
-def _adapter_passes(mod: ModuleSpec, shape: Shape) -> Passes:
+def _adapter_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:
     """A LoRA adapter Linear without bias (peft/tuners/lora/layer.py): lora_A (in -> r) adds
     its input gradient to the base layer's (one add over the input); lora_B (r -> out) is
     scaled and added to the base output (a multiply and an add; the multiply's gradient in
-    backward). Dropout on the adapter input costs nothing here (see docs/scenarios.md)."""
+    backward). Dropout on the adapter input costs nothing here (see docs/scenarios.md). An
+    expert's adapters see its T k / E tokens, as the expert does."""
     v, tokens = shape.value_bytes, shape.tokens
+    if mod.expert is not None:
+        tokens = -(-tokens * m.experts_per_token // m.experts)
     out_features, in_features = mod.tensors[0].shape
     gemm = kn.linear(mod.name, tokens, out_features, in_features, bias=False, value_bytes=v)
     if mod.lora == "A":

@@ -12,7 +12,7 @@ from dataclasses import replace
 from sim.analytic.comm import tensor_padded
 from sim.analytic.placement import TensorGroup, trainable
 from sim.core.enums import OffloadDevice
-from sim.engines.offload import cpu_share
+from sim.engines.offload import cpu_share, sub_groups
 from sim.engines.resident import Resident, half_bytes, resident
 from sim.engines.schedule import Alloc, Mem
 from sim.engines.zeropp import ZeroPlusPlus
@@ -28,13 +28,13 @@ def zero3_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
     device: list[Alloc] = []
     host: list[Alloc] = []
     params = [Alloc(Mem.PARAMS, "16-bit parameter partition", h * shard),
-              Alloc(Mem.PARAMS, "frozen 16-bit base partition (LoRA)", 2.0 * frozen)]
+              Alloc(Mem.PARAMS, "frozen base partition (LoRA)", h * frozen)]
     par = z.offload_param
     if par.device is OffloadDevice.NVME:     # ZeRO-Infinity: on NVMe, through pinned swap buffers
         host += [replace(a, category=Mem.NVME, label=f"{a.label} (NVMe)") for a in params]
         host.append(Alloc(Mem.PARAMS, "pinned parameter swap buffers", par.buffer_count * par.buffer_size * h))
     elif par.enabled:
-        host += [replace(a, label=f"{a.label} (pinned)") for a in params]
+        host += [replace(a, label=f"{a.label} ({'pinned' if par.pin_memory else 'pageable'})") for a in params]
     else:
         device += params
     device.append(Alloc(Mem.PARAMS, "persistent parameters", h * persistent_numel(s, census)))
@@ -44,8 +44,8 @@ def zero3_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
         pinned = "pinned" if opt.pin_memory else "pageable"
         if opt.device is OffloadDevice.NVME:   # swapped per sub-group through buffer_count pinned buffers
             host += [Alloc(Mem.NVME, "fp32 master, Adam m and v, fp32 gradients (NVMe)", 16.0 * on_cpu),
-                     Alloc(Mem.OPTIMIZER, "pinned optimizer swap buffers",
-                           opt.buffer_count * 16.0 * min(on_cpu, z.sub_group_size))]
+                     Alloc(Mem.OPTIMIZER, "pinned optimizer swap buffers",      # buffer_count fp32 buffers of the
+                           opt.buffer_count * 4.0 * max(sub_groups(on_cpu, z.sub_group_size)))]   # largest sub-group
         else:
             host.append(Alloc(Mem.OPTIMIZER, f"fp32 master, Adam m and v, fp32 gradients ({pinned})", 16.0 * on_cpu))
         if s.training.delayed_parameter_update:

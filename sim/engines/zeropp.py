@@ -67,12 +67,6 @@ class ZeroPlusPlus:
             return self.h * padded
         return padded * (1.0 + SCALE_BYTES / QWZ_GROUP)
 
-    def quantize_weights(self, shard: float) -> tuple[kn.Kernel, ...]:
-        """The int8 quantization of this rank's part of a gather, before it is sent."""
-        if not self.quantized_weights:
-            return ()
-        return (kn.memory("qwZ quantize (int8)", (self.h + 1.0) * shard),)
-
     def dequantize_weights(self, elements: float) -> tuple[kn.Kernel, ...]:
         """The gathered int8 values back to 16 bits, when the gather is waited for."""
         if not self.quantized_weights:

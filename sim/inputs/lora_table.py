@@ -11,6 +11,7 @@ paper schedules.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -40,6 +41,12 @@ def read_lora(raw: Mapping[str, Any], source: Path) -> LoraSpec:
         if v[key] != default:
             raise InputError(source, f"lora.{key}", f"{v[key]!r}: {NOT_SIMULATED_YET}; allowed: {default!r}")
     targets = v["target_modules"]
+    if isinstance(targets, str) and targets != "all-linear":   # PEFT: a string is a regex on the full name
+        try:
+            re.compile(targets)
+        except re.error as error:
+            raise InputError(source, "lora.target_modules", f"{targets!r} is not a regular expression ({error})")
+        return LoraSpec(rank=v["r"], targets=(targets,), pattern=targets)
     if isinstance(targets, str):
         targets = [targets]
     if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
@@ -57,6 +64,11 @@ def with_lora(m: ModelSpec, lora: LoraSpec, source: Path) -> ModelSpec:
     outside = [name for name in linears if not name.startswith("model.layers.")]
     inside = [name.split(".", 3)[3] for name in linears if name.startswith("model.layers.")]
     choices = sorted({name.rsplit(".", 1)[-1] for name in inside})
+    if lora.pattern is not None:
+        if not any(re.fullmatch(lora.pattern, f"model.layers.0.{name}") for name in inside):
+            raise InputError(source, "lora.target_modules", f"{lora.pattern!r} (a regular expression on the whole "
+                             f"module name) matches no Linear of {m.name}'s blocks, e.g. model.layers.0.{inside[0]}")
+        return replace(m, lora=lora)
     for target in lora.targets:
         if target == "all-linear":
             continue

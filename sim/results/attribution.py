@@ -14,8 +14,31 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from sim.core.enums import Axis
 from sim.des.engine import Span
 from sim.engines.schedule import AnyOp, Collective, Compute, Copy, CpuStep, GpuOptimizer, Send, Stream
+
+PARAMETER_PURPOSES = ("fetch", "prefetch", "root", "param bucket", "post-step")
+GRADIENT_PURPOSES = ("grad bucket", "grad", "grad norm", "overflow check")
+CLASSES = ("parameter gathers", "gradient reductions", "tensor parallel", "pipeline sends", "D2H",
+           "CPU optimizer", "H2D", "NVMe", "other communication")
+
+
+def op_class(op: AnyOp) -> str | None:
+    """The communication or offload class an op belongs to (None: compute and GPU optimizer)."""
+    if isinstance(op, Send):
+        return "pipeline sends"
+    if isinstance(op, Collective):
+        if op.axis is Axis.TP:
+            return "tensor parallel"
+        if op.purpose in PARAMETER_PURPOSES:
+            return "parameter gathers"
+        return "gradient reductions" if op.purpose in GRADIENT_PURPOSES else "other communication"
+    if isinstance(op, CpuStep):
+        return "CPU optimizer"
+    if isinstance(op, Copy):
+        return {Stream.D2H: "D2H", Stream.H2D: "H2D"}.get(op.direction, "NVMe")
+    return None
 
 
 @dataclass
@@ -28,11 +51,15 @@ class TimeBreakdown:
     exposed_host_s: float = 0.0     # the device waited for the host to issue work (sim.des.host)
     exposed_by_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     exposed_by_layer: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    exposed_by_class: dict[str, float] = field(default_factory=lambda: defaultdict(float))   # op_class
 
     def blame(self, op: AnyOp, seconds: float) -> None:
         """Attribute `seconds` of the compute stream to `op`."""
         if seconds <= 0:
             return
+        kind = op_class(op)
+        if kind is not None:
+            self.exposed_by_class[kind] += seconds
         if isinstance(op, Compute):
             self.compute_s += seconds
         elif isinstance(op, GpuOptimizer):

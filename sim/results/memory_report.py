@@ -169,7 +169,7 @@ def own_row_states(s: Scenario, resident: Resident, largest: float) -> tuple[Mod
     optimizer, buffers = resident.device_bytes(Mem.OPTIMIZER), resident.device_bytes(Mem.BUFFERS)
     h = 4 if s.training.precision.value == "fp32" else 2
     z = s.zero
-    if z is not None and s.schedule_mode is ScheduleMode.IMPLEMENTED:
+    if z is not None and s.schedule_mode is ScheduleMode.IMPLEMENTED and not z.offload_optimizer.enabled:
         partition = optimizer / 12.0          # fp32 master + m + v: 12 B per partitioned parameter
         if z.stage == ZeroStage.PARAMETERS:
             params += 4.0 * largest

@@ -51,10 +51,18 @@ def test_the_adapters_are_peft_modules_and_the_only_trainable_tensors():
     assert a.tensors[0].shape == (8, 4096)
 
 
+def test_a_string_target_is_a_regular_expression_on_the_whole_name_as_in_peft():
+    s = scenario({"zero": {"stage": 2}}, lora={"r": 8, "target_modules": r".*\.(q|v)_proj"})
+    trainable = sum(t.numel for m in module_tree(s.model) for t in m.tensors if t.trainable)
+    assert trainable == ADAPTERS_7B
+    with pytest.raises(InputError, match="matches no Linear"):
+        scenario({"zero": {"stage": 2}}, lora={"r": 8, "target_modules": "q_proj"})   # not the whole name
+
+
 def test_llama2_7b_lora_zero2_on_4_gpus_holds_the_frozen_base_and_almost_no_optimizer_state():
     r = simulate(scenario({"zero": {"stage": 2}}))
     res = r.schedule.classes[0].resident
-    base = next(a for a in res if a.label.startswith("frozen 16-bit base"))
+    base = next(a for a in res if a.label.startswith("frozen base"))
     assert base.nbytes / GB == pytest.approx(13.5, abs=0.05)    # 6.74 B parameters x 2 B on every GPU
     optimizer = sum(a.nbytes for a in res if a.category is Mem.OPTIMIZER)
     assert optimizer == pytest.approx(12.0 * ADAPTERS_7B / 4, rel=0.01)   # fp32 master + m + v, / dp

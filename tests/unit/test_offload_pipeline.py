@@ -164,3 +164,13 @@ def test_the_tokens_that_hide_the_offload_path_found_with_the_des_match_the_lect
     assert crossing == pytest.approx(per_param * rate / 6, rel=0.02)
     both_ways = tokens_to_hide_offload(cpu_adam_params_per_s=1.5e9, pcie_bandwidth=25e9, peak_flops=rate, mfu=1.0)
     assert crossing < both_ways < crossing * 1.15
+
+
+def test_the_delayed_update_runs_beside_the_step_at_zero3_too():
+    plain = run({"stage": 3, "offload_optimizer": "cpu"})
+    dpu = run({"stage": 3, "offload_optimizer": "cpu"}, delayed_parameter_update=True)
+    start = min(sp.start for sp in spans(dpu, CpuStep) if sp.op.params > 0)
+    compute_end = max(sp.end for sp in dpu.engine.spans if sp.rank == 0 and sp.op.stream is Stream.COMPUTE
+                      and sp.op.phase.value == "bwd")
+    assert start < compute_end                    # CPU-Adam begins with the step, not after the backward
+    assert dpu.step_time_s < plain.step_time_s
