@@ -18,6 +18,7 @@ from sim.core.enums import Axis
 from sim.des.engine import Span
 from sim.engines.schedule import AnyOp, Collective, Compute, Copy, CpuStep, GpuOptimizer, Send, Stream
 
+CHAIN_HOPS = 16     # blockers followed back from a wait (a pipeline's chains are long; their tail is one cause)
 PARAMETER_PURPOSES = ("fetch", "prefetch", "root", "param bucket", "post-step")
 GRADIENT_PURPOSES = ("grad bucket", "grad", "grad norm", "overflow check")
 CLASSES = ("parameter gathers", "gradient reductions", "tensor parallel", "pipeline sends", "D2H",
@@ -85,6 +86,7 @@ def attribute(spans: Sequence[Span], step_start: float, step_end: float, serial:
     op when the rank ran serially)."""
     out = TimeBreakdown()
     compute = sorted((s for s in spans if serial or s.op.stream is Stream.COMPUTE), key=lambda s: (s.start, s.op.id))
+    by_id = {s.op.id: s for s in spans}
     for s in compute:
         wait = s.start - s.ready
         if wait > 0:
@@ -92,7 +94,7 @@ def attribute(spans: Sequence[Span], step_start: float, step_end: float, serial:
             out.exposed_host_s += host
             rest = wait - host
             if s.blocker is not None:
-                out.blame(s.blocker, rest)
+                _blame_chain(out, by_id, s.blocker, s.start - rest, s.start)
             else:   # only rounding is left when the host alone held the op
                 assert rest <= 1e-9 * max(1.0, s.start), (s.op.name, rest)
                 out.exposed_host_s += rest
@@ -101,5 +103,22 @@ def attribute(spans: Sequence[Span], step_start: float, step_end: float, serial:
     tail_from = compute[-1].end if compute else step_start
     if step_end > tail_from:
         last = max(spans, key=lambda s: (s.end, s.op.id))
-        out.blame(last.op, step_end - tail_from)
+        _blame_chain(out, by_id, last.op, tail_from, step_end)
     return out
+
+
+def _blame_chain(out: TimeBreakdown, by_id: dict[int, Span], blocker: AnyOp, t0: float, t1: float) -> None:
+    """Attribute the compute stream's wait [t0, t1] along the chain of blockers: the part
+    while the blocker ran is its own; the part before it began goes to what it was waiting
+    for, and so on back (a copy waiting for CPU-Adam exposes CPU-Adam, not the copy); what
+    is left when the chain ends, or after CHAIN_HOPS links, stays with the last op of it."""
+    op = blocker
+    for _ in range(CHAIN_HOPS):
+        sp = by_id.get(op.id)
+        if t1 <= t0:
+            return
+        if sp is None or sp.start <= t0 or sp.blocker is None:
+            break
+        out.blame(op, t1 - sp.start)
+        t1, op = sp.start, sp.blocker
+    out.blame(op, t1 - t0)

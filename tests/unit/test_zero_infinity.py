@@ -3,6 +3,7 @@ sub-group, with and without DeepSpeed's pipelined reads and writes; NVMe capacit
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -18,10 +19,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def cluster_file(tmp_path: Path, nvme_tb: float = 30.0) -> str:
-    """DGX-2 with its NVMe capacity given (8 x 3.84 TB on the datasheet)."""
+    """The catalog's DGX-2 (30 TB of NVMe) with another NVMe capacity."""
     text = (REPO / "hardware" / "dgx2.toml").read_text().replace('gpu = "gpus/v100-sxm-32g.toml"',
                                                                  f'gpu = "{REPO / "hardware" / "gpus" / "v100-sxm-32g.toml"}"')
-    text = text.replace("nvme_bandwidth_GBps = 25", f"nvme_bandwidth_GBps = 25\nnvme_TB = {nvme_tb}")
+    text = re.sub(r"(?m)^nvme_TB = .*$", f"nvme_TB = {nvme_tb}", text)
+    assert f"nvme_TB = {nvme_tb}" in text
     path = tmp_path / "dgx2-nvme.toml"
     path.write_text(text)
     return str(path)
