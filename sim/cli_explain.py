@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from sim.cli_checks import scenario_path, strict_json
+from sim.cli_checks import CLI, check_output_path, image_suffixes, scenario_path, strict_json, written
+from sim.core.errors import InputError
+from sim.results.plots import save_explain_plot
 from sim.studies.explain import HIDDEN, PARTLY, Explanation, Finding, explain
 
 GB = 1e9
@@ -15,11 +17,18 @@ def add_explain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", help="scenario TOML file, or a bundled scenario's name")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-search", action="store_true", help="only the class table (no DES searches)")
+    p.add_argument("--plot", metavar="OUT.png", help="draw exposed time against tokens per GPU and against "
+                   "bandwidth from the searches (.png, .svg, ...)")
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    plot = check_output_path(args.plot, "--plot", image_suffixes()) if args.plot else None
+    if plot and args.no_search:
+        raise InputError(CLI, "--plot", "draws the searches' points; allowed: without --no-search")
     path = scenario_path(args.scenario)
     result = explain(path, search=not args.no_search)
+    if plot:
+        written(plot, "--plot", lambda p: save_explain_plot(result, str(p)))
     print(strict_json(result.to_json(), path, indent=2, sort_keys=True) if args.json else format_explanation(result))
     return 0
 

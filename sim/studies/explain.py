@@ -69,6 +69,7 @@ class Finding:
     peak_bytes: float | None = None
     fits: bool | None = None
     note: str = ""
+    points: tuple[tuple[float, float], ...] = ()   # (setting, exposed s of the class) the search ran
 
 
 @dataclass
@@ -115,6 +116,10 @@ def share_hidden(result: SimulationResult, name: str) -> float:
     return found[0].hidden_share if found else 1.0
 
 
+def exposed(result: SimulationResult, name: str) -> float:
+    return result.breakdown.exposed_by_class.get(name, 0.0)
+
+
 class Searcher:
     """Runs variants of one scenario table for the searches."""
 
@@ -130,13 +135,19 @@ class Searcher:
     def micro_batch(self, name: str) -> Finding:
         t = self.base.scenario.training
         dp = self.base.scenario.parallel.dp
+        points: list[tuple[float, float]] = []
         for k in range(0, (t.micro_batch * 2**MICRO_BATCH_DOUBLINGS).bit_length()):
             micro = 2**k
             r = self.base if micro == t.micro_batch else self.run({"training.micro_batch": micro, "training.global_batch": micro * dp * t.grad_accum,
                           "training.grad_accum": t.grad_accum})
-            if r is not None and share_hidden(r, name) >= HIDDEN:
-                return Finding("micro_batch", micro, micro * t.seq_len * t.grad_accum, r.peak_pool().peak, r.fits)
-        return Finding("micro_batch", None, note=f"not hidden up to micro-batch {t.micro_batch * 2**MICRO_BATCH_DOUBLINGS}")
+            if r is None:
+                continue
+            points.append((float(micro * t.seq_len * t.grad_accum), exposed(r, name)))
+            if share_hidden(r, name) >= HIDDEN:
+                return Finding("micro_batch", micro, micro * t.seq_len * t.grad_accum, r.peak_pool().peak, r.fits,
+                               points=tuple(points))
+        return Finding("micro_batch", None, note=f"not hidden up to micro-batch {t.micro_batch * 2**MICRO_BATCH_DOUBLINGS}",
+                       points=tuple(points))
 
     def bandwidth(self, name: str) -> Finding:
         axis = AXIS_OF[name]
@@ -145,15 +156,17 @@ class Searcher:
         top = self.run({key: high})
         if top is None or share_hidden(top, name) < HIDDEN:
             return Finding(key, None, note=f"not hidden even at {high:g} GB/s: latency, host or order bound")
-        best = top
+        best, points = top, [(high, exposed(top, name))]
         for _ in range(BISECTIONS):      # log-scale bisection: hidden at `high`, maybe not at `low`
             mid = (low * high) ** 0.5
             r = self.run({key: mid})
+            if r is not None:
+                points.append((mid, exposed(r, name)))
             if r is not None and share_hidden(r, name) >= HIDDEN:
                 high, best = mid, r
             else:
                 low = mid
-        return Finding(key, high, peak_bytes=best.peak_pool().peak, fits=best.fits)
+        return Finding(key, high, peak_bytes=best.peak_pool().peak, fits=best.fits, points=tuple(sorted(points)))
 
     def bucket(self, name: str) -> Finding | None:
         z = self.base.scenario.zero

@@ -95,3 +95,15 @@ def test_on_a_zero_offload_scenario_it_names_the_exposed_cpu_optimizer(capsys):
     assert verdicts["CPU optimizer"] == "exposed"
     assert verdicts["parameter gathers"] == "hidden" and verdicts["D2H"] == "hidden"
     assert out["thresholds"] == {"hidden": 0.95, "partly_hidden": 0.5}
+
+
+def test_plot_draws_the_searches_points(tiny, tmp_path, capsys):
+    out = tmp_path / "explain.png"
+    assert main(["explain", str(tiny()), "--plot", str(out)]) == 0
+    assert out.stat().st_size > 10_000 and out.read_bytes()[:4] == b"\x89PNG"
+    assert "to hide >= 95%" in capsys.readouterr().out
+    assert main(["explain", str(tiny()), "--plot", str(out), "--no-search"]) == 2
+    assert "--plot" in capsys.readouterr().err
+    found = {f.what: f for f in explain(tiny()).findings["parameter gathers"]}
+    points = found["comm.busbw_GBps.dp"].points
+    assert len(points) >= 5 and points[0][1] >= points[-1][1]    # less exposed time with more bandwidth
