@@ -7,8 +7,10 @@ b = micro-batch, h = hidden, a = heads, t = tensor-parallel degree, L = layers.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sim.core.enums import Recompute
-from sim.core.model import Family, ModelSpec
+from sim.core.model import Family, ModelSpec, Place, module_tree
 
 
 def zero_paper_activation_bytes(layers: int, hidden: int, seq_len: int, batch: int) -> float:
@@ -65,8 +67,30 @@ def layer_activation_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 
     intermediates = (8 if m.gated_mlp else 4) * m.ffn_hidden * min(m.experts_per_token, m.experts)
     split = 2 * (m.q_dim + 2 * m.kv_dim) + 2 * m.q_dim + intermediates
     core = 0.0 if recompute is Recompute.SELECTIVE else (5 if dropout else 2) * m.heads * s
+    if m.lora is not None:   # tp = 1 with LoRA (refused otherwise)
+        split += lora_saved_change(m)
     per_token = (replicated + split + core) / tp if sequence_parallel else replicated + (split + core) / tp
     return scale * per_token * s * b
+
+
+def lora_saved_change(m: ModelSpec) -> int:
+    """Bytes per token (16-bit) a LoRA block saves more (+) or less (-) than full fine-tuning:
+    a frozen Linear needs no weight gradient, so autograd does not keep its input for it:
+    the QKV input (2h) unless a q / k / v projection is targeted, the output projection's
+    input (2q) unless it is, the MLP input (2h) unless an input projection is, the output
+    projection's input (2I: the gated product or the GeLU output) unless it is; each adapter
+    keeps the rank-r output of its lora_A (2r). MoE blocks: no change counted."""
+    if m.lora is None or m.experts > 1:
+        return 0
+    mods = module_tree(replace(m, layers=1))
+    targeted = {mod.place for mod in mods if mod.wrapper and not mod.lora}   # the wrapped base layers
+    adapters = sum(1 for mod in mods if mod.lora == "B")
+    change = 2 * m.lora.rank * adapters
+    for place, saved in ((Place.QKV, 2 * m.hidden), (Place.ATTN_OUT, 2 * m.q_dim), (Place.FFN_IN, 2 * m.hidden),
+                         (Place.FFN_OUT, 2 * m.ffn_hidden)):
+        if place not in targeted:
+            change -= saved
+    return change
 
 
 def recompute_working_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1,

@@ -400,8 +400,8 @@ class Planner:
             return []
         return [f"LoRA r {lora.rank} on {', '.join(lora.targets)}: {self.grad_psi:,} trainable parameters of "
                 f"{self.psi:,} ({100 * self.grad_psi / self.psi:.2f}%); the frozen base computes no weight "
-                "gradients and has no gradient traffic or optimizer state; activations are counted as for full "
-                "fine-tuning (an upper estimate: frozen Linears need not save their inputs)"]
+                "gradients and has no gradient traffic or optimizer state; frozen Linears keep no input for a "
+                "weight gradient (sim.analytic.activations.lora_saved_change)"]
 
     # -- shared pieces ---------------------------------------------------------------------
     def optimizer(self, placement: OptimizerPlacement, params: float, deps: Iterable[OpRef | None] = ()) -> OpRef:

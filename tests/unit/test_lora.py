@@ -121,3 +121,15 @@ def test_the_memory_table_counts_lora_at_every_stage():
 def test_lora_input_that_is_not_simulated_or_wrong_is_refused(lora, engine, extra, words):
     with pytest.raises(InputError, match=words):
         scenario_from_table({**table(engine, lora), **extra}, Path("s.toml"), "s")
+
+
+def test_frozen_linears_keep_no_input_for_a_weight_gradient():
+    from sim.analytic.activations import layer_activation_bytes, lora_saved_change
+    full, lora = scenario({"zero": {"stage": 2}}, lora=None).model, scenario({"zero": {"stage": 2}}).model
+    # q and v targeted: the QKV input stays; o's input (2q), the MLP input (2h) and the product (2I) go;
+    # each of the two adapters keeps its rank-8 lora_A output (2r)
+    assert lora_saved_change(lora) == 2 * 8 * 2 - 2 * 4096 - 2 * 4096 - 2 * 11008
+    tokens = 2048 * 4
+    assert layer_activation_bytes(full, 2048, 4) - layer_activation_bytes(lora, 2048, 4) == 38368 * tokens
+    every = scenario({"zero": {"stage": 2}}, lora={"r": 8, "target_modules": "all-linear"}).model
+    assert lora_saved_change(every) == 2 * 8 * 7     # all kept, seven adapters' outputs added
