@@ -55,10 +55,10 @@ def send_transfers(op: Send, rank: int, layout: Layout, s: Scenario) -> list[Tra
 def copy_transfers(op: Copy, rank: int, s: Scenario) -> list[Transfer]:
     """A PCIe copy: the PCIe latency, then the bytes over this rank's port in its direction."""
     if op.direction in (Stream.NVME_READ, Stream.NVME_WRITE):   # one device: reads and writes share it
-        host = s.cluster.host
-        share = (host.nvme_write_bandwidth or host.nvme_bandwidth) / host.nvme_bandwidth \
-            if op.direction is Stream.NVME_WRITE and host.nvme_bandwidth else 1.0
-        return [Transfer(host.pcie.latency, op.nbytes, (((rank, Stream.NVME_READ), share),))]
+        n = s.gpus_per_node
+        share = opcost.nvme_bandwidth(s.cluster, n, write=op.direction is Stream.NVME_WRITE) \
+            / opcost.nvme_bandwidth(s.cluster, n, write=False)
+        return [Transfer(s.cluster.host.pcie.latency, op.nbytes, (((rank, Stream.NVME_READ), share),))]
     share = opcost.copy_share(op.pageable, s.cluster)
     return [Transfer(s.cluster.host.pcie.latency, op.nbytes, (((rank, op.direction), share),))]
 

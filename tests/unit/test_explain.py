@@ -13,7 +13,6 @@ from sim.cli import main
 from sim.studies.explain import explain, share_hidden
 from sim.studies.sweep import variant
 
-REPO = Path(__file__).resolve().parents[2]
 SCENARIO = """
 model = { name = "half-7b", layers = 16, hidden = 4096, heads = 32, kv_heads = 32, ffn_hidden = 11008, vocab = 32000 }
 cluster = "dgx-a100-80g"
