@@ -105,11 +105,12 @@ def _validate(args: argparse.Namespace, out: TextIO, deepspeed: bool) -> int:
     else:
         print("(transformers is not installed: the Hugging Face model's runs are skipped)", file=out)
     if args.profile_dir:
-        print(f"\n{'strategy':22s}{'world':>6s}{'measured s':>12s}{'predicted s':>13s}{'error':>8s}", file=out)
+        print(f"\n{'strategy':22s}{'world':>6s}{'measured s':>12s}{'predicted s':>13s}{'error':>8s}"
+              f"{'speed':>8s}{'adjusted':>10s}", file=out)
         for world in args.worlds:
             for row in predicted_vs_measured(profile_for(Path(args.profile_dir), world), world):
                 print(f"{row['strategy']:22s}{world:6d}{row['measured_s']:12.4f}{row['predicted_s']:13.4f}"
-                      f"{100 * row['error']:7.1f}%", file=out)
+                      f"{100 * row['error']:7.1f}%{row['speed']:8.2f}{100 * row['adjusted_error']:9.1f}%", file=out)
     return 1 if failures else 0
 
 

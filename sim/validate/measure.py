@@ -68,19 +68,29 @@ def _sustained(fn: Any, work: float, seconds: float = 0.6) -> float:
     return done * work / (time.perf_counter() - start)
 
 
+def gemm_rate(shapes: list[list[int]] | list[tuple[int, int, int]], windows: int = 5, seconds: float = 0.25) -> float:
+    """FLOP/s of the (m, k, n) GEMMs run back to back by every process at once: the median
+    of `windows` sustained windows, each begun together (a barrier). One window would take
+    whatever the machine's speed was in that fraction of a second; this 2-vCPU machine's
+    GEMM rate moves by 15-30% from one second to the next (sim.validate.timing)."""
+    gemms = [(torch.randn(t, i), torch.randn(i, o)) for t, i, o in shapes]
+    flops = sum(_gemm_flops(a, b) for a, b in gemms)
+    return statistics.median(_sustained(lambda: [a @ b for a, b in gemms], flops, seconds) for _ in range(windows))
+
+
 def measure_compute(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """GEMM FLOP/s on the given (m, k, n) shapes, DRAM bytes/s (a 64 MiB add), the bytes/s
     of elementwise kernels on the model's activation sizes (`activation_elements`), the
     cost of a tiny kernel and the slowdown of compute beside a collective, with every
-    process busy at once (so the numbers include the contention of the real runs).
+    process busy at once (so the numbers include the contention of the real runs). The
+    GEMM rate is `gemm_rate`'s median of windows, the one timing runs re-measure.
 
     The elementwise rate is a bare multiply's (eager PyTorch writes a fresh output per op);
     with `memory_kernels` (sim.validate.measure_memory.memory_kernel_totals' arguments) the
     model's own memory-bound kernels and Adam step are timed too, for the fraction of that
     rate they reach; the 64 MiB add measures DRAM streaming, the host's own rate."""
     gemms = [(torch.randn(t, i), torch.randn(i, o)) for t, i, o in cfg["gemm_shapes"]]
-    flops = sum(_gemm_flops(a, b) for a, b in gemms)
-    gemm_rate = _sustained(lambda: [a @ b for a, b in gemms], flops)
+    rate = gemm_rate(cfg["gemm_shapes"])
     x, y = torch.randn(2**22), torch.randn(2**22)
     memory = _sustained(lambda: torch.add(x, y), 3 * 4 * 2**22)
     pairs = [(torch.randn(n), torch.randn(n)) for n in cfg["activation_elements"]]
@@ -91,7 +101,7 @@ def measure_compute(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any
     kernels = cfg.get("memory_kernels")
     memory_kernels = memory_kernel_totals(**kernels, timer=lambda fn: 1.0 / _sustained(fn, 1.0, 0.3)) \
         if kernels else None
-    return {"gemm_flops": gemm_rate, "memory_bandwidth": memory, "elementwise_bandwidth": elementwise,
+    return {"gemm_flops": rate, "memory_bandwidth": memory, "elementwise_bandwidth": elementwise,
             "memory_kernels": memory_kernels, "kernel_overhead": overhead, "comm_interference": _interference(*gemms[0]),
             "rank_piece": rank_piece_seconds(),
             "attention": attention_seconds(*_heads_seq_dim(cfg["attention"])) if cfg.get("attention") else None}

@@ -1,12 +1,31 @@
-"""Predicted vs measured step time of the real runs, with a calibrated profile."""
+"""Predicted vs measured step time of the real runs, with a calibrated profile.
+
+The development machine is a 2-vCPU virtual machine whose speed drifts: a fixed GEMM runs
+at 49 to 66 GFLOP/s from one second to the next, and one strategy's median step moves by
+10-30% between runs minutes apart. A single calibrate-then-measure pass therefore says more
+about the machine's mood than about the model. `timing_rounds` repeats the pair: each round
+calibrates afresh, measures every strategy right after (in an order rotated per round) and
+predicts from that round's profile; `summarise` gives each strategy's median error over the
+rounds and its range, which is what the 10% target is judged on.
+
+What drifts between the calibration and a run is the machine, not the model, so each run
+also measures it: the processes time the calibration's own GEMM set (`gemm_rate`, median of
+windows, every process at once) just before and just after their training steps, and the
+drift-adjusted prediction is the profile's prediction x (the profile's GEMM rate / the rate
+around the run): the machine ran that much faster or slower than when it was calibrated,
+the whole step with it (GEMMs are 70% of this step; its Python, memory-bound kernels and
+gloo copies run on the same cores). Both errors are reported, raw and adjusted."""
 
 from __future__ import annotations
 
 import statistics
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sim.simulate import simulate
+from sim.validate.calibrate import gemm_shapes
 from sim.validate.compare import validation_scenario
 from sim.validate.torch_runs import spawn
 
@@ -29,20 +48,89 @@ def default_strategies() -> tuple[str, ...]:
     return STRATEGIES + DEEPSPEED
 
 
+def timing_gemms() -> list[tuple[int, int, int]]:
+    """The GEMM set calibrate measures for the timing model (and runs re-measure)."""
+    return gemm_shapes(TIMING_MODEL, TIMING_RUN["seq_len"] * TIMING_RUN["micro_batch"])
+
+
+def measured_step(strategy: str, world: int, steps: int = 5) -> tuple[float, float]:
+    """(median over steps 2..`steps` of the slowest rank's step in seconds, the GEMM FLOP/s
+    the processes measured around their steps, median over ranks)."""
+    config = {"model": TIMING_MODEL, "steps": steps, "strategy": strategy, "record": False,
+              "speed_probe": timing_gemms(), **TIMING_RUN}
+    if strategy.startswith("deepspeed"):
+        config["zero"] = {"stage": int(strategy[-1])}
+    ranks = spawn(world, "train_deepspeed" if strategy.startswith("deepspeed") else "train_llama", config)
+    step = statistics.median(max(r["step_s"][i] for r in ranks) for i in range(1, steps))
+    return step, statistics.median(r["probe_flops"] for r in ranks)
+
+
+def predicted_step(profile: Path, strategy: str, world: int) -> tuple[float, float]:
+    """(the simulator's step time on `profile`, the profile's GEMM FLOP/s)."""
+    s = validation_scenario(strategy, TIMING_MODEL, world, cluster=str(profile), seq_len=TIMING_RUN["seq_len"],
+                            micro_batch=TIMING_RUN["micro_batch"], grad_accum=TIMING_RUN["grad_accum"])
+    gpu = s.cluster.gpu
+    return simulate(s).step_time_s, gpu.peak_flops("fp32") * gpu.matmul_efficiency
+
+
 def predicted_vs_measured(profile: Path, world: int, strategies: tuple[str, ...] | None = None,
                           steps: int = 5) -> list[dict[str, Any]]:
-    """One row per strategy: measured median step (after the first), predicted, error."""
-    strategies = strategies or default_strategies()
+    """One row per strategy: measured median step (after the first), predicted, the error,
+    and the drift-adjusted prediction and error (module docstring)."""
     rows = []
-    for strategy in strategies:
-        config = {"model": TIMING_MODEL, "steps": steps, "strategy": strategy, "record": False, **TIMING_RUN}
-        if strategy.startswith("deepspeed"):
-            config["zero"] = {"stage": int(strategy[-1])}
-        ranks = spawn(world, "train_deepspeed" if strategy.startswith("deepspeed") else "train_llama", config)
-        measured = statistics.median(max(r["step_s"][i] for r in ranks) for i in range(1, steps))
-        s = validation_scenario(strategy, TIMING_MODEL, world, cluster=str(profile), seq_len=TIMING_RUN["seq_len"],
-                                micro_batch=TIMING_RUN["micro_batch"], grad_accum=TIMING_RUN["grad_accum"])
-        predicted = simulate(s).step_time_s
+    for strategy in strategies or default_strategies():
+        measured, probe = measured_step(strategy, world, steps)
+        predicted, calibrated = predicted_step(profile, strategy, world)
+        adjusted = predicted * calibrated / probe
         rows.append({"strategy": strategy, "world": world, "measured_s": measured, "predicted_s": predicted,
-                     "error": predicted / measured - 1})
+                     "error": predicted / measured - 1, "speed": probe / calibrated, "adjusted_s": adjusted,
+                     "adjusted_error": adjusted / measured - 1})
     return rows
+
+
+def rotated(items: tuple[str, ...], by: int) -> tuple[str, ...]:
+    k = by % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def timing_rounds(rounds: int, worlds: tuple[int, ...], calibrate_into: Callable[[Path, tuple[int, ...]], Any],
+                  strategies: tuple[str, ...] | None = None, report: Callable[[dict[str, Any]], None] | None = None,
+                  ) -> list[dict[str, Any]]:
+    """`rounds` x (calibrate into a fresh folder, then measure and predict every strategy on
+    each world, the strategy order rotated by the round number). Returns every row, with
+    its round; `report` sees each row as it comes."""
+    names = strategies or default_strategies()
+    rows = []
+    for r in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="zerosim-timing-") as tmp:
+            calibrate_into(Path(tmp), worlds)
+            for world in worlds:
+                for row in predicted_vs_measured(profile_for(Path(tmp), world), world, rotated(names, r)):
+                    row["round"] = r
+                    rows.append(row)
+                    if report:
+                        report(row)
+    return rows
+
+
+PREDICTION = {"error": "predicted_s", "adjusted_error": "adjusted_s"}
+
+
+def summarise(rows: list[dict[str, Any]], within: float = 0.10, key: str = "adjusted_error") -> list[dict[str, Any]]:
+    """Per (strategy, world), in first-seen order: the median of `key` (the drift-adjusted
+    error by default, or "error") over the rounds, the lowest and highest, the median raw
+    error, the median measured and predicted seconds, and whether the median is within
+    `within`."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["strategy"], row["world"]), []).append(row)
+    out = []
+    for (strategy, world), g in groups.items():
+        errors = [x[key] for x in g]
+        median = statistics.median(errors)
+        out.append({"strategy": strategy, "world": world, "rounds": len(g), "median_error": median,
+                    "min_error": min(errors), "max_error": max(errors),
+                    "raw_error": statistics.median(x["error"] for x in g),
+                    "measured_s": statistics.median(x["measured_s"] for x in g),
+                    "predicted_s": statistics.median(x[PREDICTION[key]] for x in g), "within": abs(median) <= within})
+    return out

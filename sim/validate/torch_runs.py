@@ -11,6 +11,7 @@ retried. With a log path, each rank writes its stdout and stderr (C level includ
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import sys
@@ -26,7 +27,7 @@ from torch.multiprocessing.spawn import ProcessException
 
 from sim.inputs.models import model_from_table
 from sim.validate.build_locks import check_build_locks, stale_build_locks
-from sim.validate.measure import measure_collectives, measure_compute
+from sim.validate.measure import gemm_rate, measure_collectives, measure_compute
 from sim.validate.measure_hooks import measure_hooks
 from sim.validate.recorder import CollectiveRecorder, state_bytes
 from sim.validate.torch_models import LlamaLike, hf_llama, lecture_mlp
@@ -163,7 +164,11 @@ def _entry(rank: int, world: int, worker: str, config: dict[str, Any], tmp: str,
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
     open(os.path.join(tmp, f"{rank}.started"), "w").close()
     try:
+        probe = config.get("speed_probe")
+        before = gemm_rate(probe) if probe else 0.0
         result = WORKERS[worker](rank, world, config)
+        if probe:   # the machine's GEMM rate around the run (sim.validate.timing)
+            result["probe_flops"] = math.sqrt(before * gemm_rate(probe))
         torch.save(result, os.path.join(tmp, f"{rank}.pt"))
         open(os.path.join(tmp, f"{rank}.done"), "w").close()   # after the save: the results are whole
     finally:

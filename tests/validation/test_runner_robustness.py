@@ -156,3 +156,22 @@ def test_quiet_output_restores_the_terminal(tmp_path, capfd):
     captured = capfd.readouterr()
     assert captured.out == f"table row\ntorch / DeepSpeed output: {log}\n" and captured.err == ""
     assert path == log and log.read_text() == "library noise\nC-level noise\n"
+
+
+def test_a_speed_probe_times_the_gemms_around_the_run():
+    ranks = spawn(2, "idle", {"seconds": 0.0, "speed_probe": [(64, 64, 64), (128, 64, 32)]})
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(1e6 < r["probe_flops"] < 1e14 for r in ranks)   # FLOP/s of a CPU core: measured, not set
+
+
+def test_timing_summary_is_the_median_over_rounds_of_each_strategy():
+    from sim.validate.timing import rotated, summarise
+    assert rotated(("a", "b", "c"), 1) == ("b", "c", "a") and rotated(("a", "b", "c"), 3) == ("a", "b", "c")
+    rows = [{"strategy": "ddp", "world": 2, "measured_s": m, "predicted_s": p, "adjusted_s": a,
+             "error": p / m - 1, "adjusted_error": a / m - 1}
+            for m, p, a in ((1.0, 1.3, 1.05), (1.0, 0.8, 0.92), (1.0, 1.1, 1.2))]
+    (adjusted,) = summarise(rows)
+    assert adjusted["median_error"] == pytest.approx(0.05) and adjusted["within"]
+    assert (adjusted["min_error"], adjusted["max_error"]) == (pytest.approx(-0.08), pytest.approx(0.2))
+    (raw,) = summarise(rows, key="error")
+    assert raw["median_error"] == pytest.approx(0.1) and raw["predicted_s"] == pytest.approx(1.1)
