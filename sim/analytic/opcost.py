@@ -24,6 +24,8 @@ ADAM_BYTES_PER_PARAM = 30.0  # read p, g, m, v (16 B), write p, m, v (12 B), wri
 class LinkClass(StrEnum):
     NVLINK = "nvlink"   # the GPU's intra-node port
     NIC = "nic"         # the GPU's share of the node's NICs
+    PCIE_UP = "pcie up"      # the GPU's own PCIe x16 link to its switch, device -> switch
+    PCIE_DOWN = "pcie down"  # and switch -> device
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,8 @@ def collective_phases(coll: Coll, nbytes: float, g: GroupShape, cluster: Cluster
         p, nodes = g.per_node, g.nodes
         intra = ((LinkClass.NVLINK, 1.0),)
         return [CommPhase((p - 1) * a_intra, (p - 1) / p * nbytes, intra),
-                CommPhase(2 * (nodes - 1) * a_inter, 2 * (nodes - 1) / nodes * nbytes / p, ((LinkClass.NIC, 1.0),)),
+                CommPhase(2 * (nodes - 1) * a_inter, 2 * (nodes - 1) / nodes * nbytes / p,
+                          ring_links(GroupShape(nodes, nodes, 1))),
                 CommPhase((p - 1) * a_intra, (p - 1) / p * nbytes, intra)]
     all_reduce = coll is Coll.ALL_REDUCE
     steps = ring_steps(coll, n)
@@ -190,18 +193,33 @@ def ring_links(g: GroupShape) -> tuple[tuple[LinkClass, float], ...]:
     one member, NVLink for the hops inside it. A group with one member per node never
     touches NVLink: NCCL moves its bytes GPU -> NIC over PCIe (GPUDirect RDMA), as in a
     pipeline send between stages or a data-parallel group when tensor parallelism fills
-    the node."""
+    the node.
+
+    Bytes to and from a NIC cross the GPU's own PCIe x16 link to its switch both ways (a
+    ring sends and receives at once; DGX A100 / H100: each PCIe switch joins two GPUs, their
+    two NICs and the CPU uplink), the link the GPU's offload copies cross too
+    (`copy_links`): a D2H beside an inter-node collective shares it. Alone, that link
+    (PCIe 4.0 x16: 26 GB/s) is faster than the GPU's NIC share (HDR: 25 GB/s line), so it
+    changes nothing until a copy runs beside the collective."""
     if g.nodes <= 1:
         return ((LinkClass.NVLINK, 1.0),)
-    if g.per_node <= 1:
-        return ((LinkClass.NIC, 1.0),)
-    return ((LinkClass.NVLINK, 1.0), (LinkClass.NIC, float(g.per_node)))
+    p = float(max(g.per_node, 1))
+    nic = ((LinkClass.NIC, p), (LinkClass.PCIE_UP, p), (LinkClass.PCIE_DOWN, p))
+    return nic if g.per_node <= 1 else ((LinkClass.NVLINK, 1.0), *nic)
+
+
+def copy_links(direction: str) -> tuple[LinkClass, ...]:
+    """The GPU's PCIe link a host copy crosses besides its share of the switch's uplink to
+    the CPU: device -> host goes up, host -> device down (NVMe swaps: none of the GPU's)."""
+    return {"d2h": (LinkClass.PCIE_UP,), "h2d": (LinkClass.PCIE_DOWN,)}.get(direction, ())
 
 
 def link_capacity(link: LinkClass, cluster: ClusterSpec) -> float:
     """Achievable bytes/s of one GPU's port of this class."""
     if link is LinkClass.NVLINK:
         return cluster.node.intra_node.achievable_bandwidth
+    if link in (LinkClass.PCIE_UP, LinkClass.PCIE_DOWN):
+        return cluster.host.pcie.achievable_bandwidth
     return cluster.nic_bandwidth_per_gpu
 
 

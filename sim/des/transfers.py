@@ -53,14 +53,17 @@ def send_transfers(op: Send, rank: int, layout: Layout, s: Scenario) -> list[Tra
 
 
 def copy_transfers(op: Copy, rank: int, s: Scenario) -> list[Transfer]:
-    """A PCIe copy: the PCIe latency, then the bytes over this rank's port in its direction."""
+    """A PCIe copy: the PCIe latency, then the bytes over this rank's share of its switch's
+    uplink in its direction and over the GPU's own PCIe link (which its NIC traffic crosses
+    too: sim.analytic.opcost.ring_links)."""
     if op.direction in (Stream.NVME_READ, Stream.NVME_WRITE):   # one device: reads and writes share it
         n = s.gpus_per_node
         share = opcost.nvme_bandwidth(s.cluster, n, write=op.direction is Stream.NVME_WRITE) \
             / opcost.nvme_bandwidth(s.cluster, n, write=False)
         return [Transfer(s.cluster.host.pcie.latency, op.nbytes, (((rank, Stream.NVME_READ), share),))]
     share = opcost.copy_share(op.pageable, s.cluster)
-    return [Transfer(s.cluster.host.pcie.latency, op.nbytes, (((rank, op.direction), share),))]
+    own = tuple(((rank, link), share) for link in opcost.copy_links(op.direction.value))
+    return [Transfer(s.cluster.host.pcie.latency, op.nbytes, (((rank, op.direction), share), *own))]
 
 
 def collective_transfers(op: Collective, rank: int, simulated: Iterable[int], layout: Layout,

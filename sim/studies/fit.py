@@ -22,6 +22,7 @@ import math
 import multiprocessing as mp
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -31,7 +32,7 @@ from sim.des.engine import EventEngine, Mode
 from sim.engines.plan import check_work, layout_of, plan
 from sim.engines.schedule import Schedule
 from sim.inputs.scenario import Scenario
-from sim.studies.fit_params import Param, applied, parameters, start_values
+from sim.studies.fit_params import Param, applied, parameters, prior_values, start_values
 
 F_SCALE = 0.15        # soft-L1 knee on log error (about 15%)
 DIFF_STEP = 0.02      # forward-difference step, relative to each parameter's range
@@ -172,10 +173,16 @@ def folds_of(rows: Sequence[FitRow], k: int) -> list[list[int]]:
 
 
 def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence[str] = (),
-        iterations: int = MAX_ITERATIONS, progress: Callable[[str], None] | None = None) -> FitResult:
-    """Fit on all rows (in-sample) and, with `folds` > 1, on each k-1 folds (cross-validated)."""
+        iterations: int = MAX_ITERATIONS, progress: Callable[[str], None] | None = None,
+        priors: Path | None = None) -> FitResult:
+    """Fit on all rows (in-sample) and, with `folds` > 1, on each k-1 folds (cross-validated).
+    Every fit starts from the catalog's values, or with `priors` (the catalog's hardware
+    folder) from the priors its fitted keys' comments keep (sim.studies.fit_params.prior_values)."""
     params = parameters([r.scenario for r in rows], only)
     x0 = start_values(params, [r.scenario for r in rows])
+    if priors is not None:
+        x0 = [x if v is None else min(p.high, max(p.low, v))
+              for p, x, v in zip(params, x0, prior_values(params, priors), strict=True)]
     with Evaluator(rows, params, jobs, progress) as ev:
         everything = [i for i in range(len(rows)) if _PLANS[i] is not None]   # the rest: not simulated
         if progress:

@@ -199,19 +199,56 @@ def rewrite_toml(text: str, key: str, value: float, comment: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def files_of(p: Param, catalog: Path) -> list[Path]:
+    """The catalog hardware files that hold parameter `p` (host keys: every GPU cluster's)."""
+    from sim.inputs.hardware import load_cluster, load_gpu
+    if p.key in GPU_BOUNDS:
+        return [f for f in sorted((catalog / "gpus").glob("*.toml")) if chip(load_gpu(f)) == p.scope]
+    out = []
+    for f in sorted(catalog.glob("*.toml")):
+        cluster = load_cluster(f)
+        if (p.scope == "host" and cluster.node.gpu.sm_count) or (p.key.startswith("inter_node.") and
+                                                                 cluster.name == p.scope):
+            out.append(f)
+    return out
+
+
+PRIOR = re.compile(r"prior\s+([-+0-9.eE]+)")
+
+
+def prior_values(params: Sequence[Param], catalog: Path) -> list[float | None]:
+    """Each parameter's prior: the `prior V` a fitted key's comment keeps (the value before
+    any fit, with its source), read from the first of its files that has one; None where no
+    file records one (the key was never fitted: its catalog value is its prior)."""
+    out: list[float | None] = []
+    for p in params:
+        table, _, name = p.key.rpartition(".")
+        found = None
+        for f in files_of(p, catalog):
+            current = ""
+            for line in f.read_text().splitlines():
+                if head := re.match(r"\s*\[([^\]]+)\]", line):
+                    current = head.group(1).strip()
+                elif current == table and re.match(rf"\s*{re.escape(name)}\s*=", line) and (m := PRIOR.search(line)):
+                    found = float(m.group(1))
+                    break
+            if found is not None:
+                break
+        out.append(found)
+    return out
+
+
 def write_files(params: Sequence[Param], values: Sequence[float], catalog: Path, out: Path,
                 comment: Callable[[Param], str]) -> list[Path]:
     """Copy the catalog hardware files into `out` with the fitted values (only files some
     parameter touches); returns the files written."""
-    from sim.inputs.hardware import load_cluster, load_gpu
+    from sim.inputs.hardware import load_gpu
     texts: dict[Path, str] = {}
-    for path in sorted(catalog.glob("*.toml")):
-        cluster = load_cluster(path)
-        for p, v in zip(params, values, strict=True):
-            if p.scope == "host" and cluster.node.gpu.sm_count:
-                texts[path] = rewrite_toml(texts.get(path, path.read_text()), p.key, v, comment(p))
-            elif p.key.startswith("inter_node.") and cluster.name == p.scope:
-                texts[path] = rewrite_toml(texts.get(path, path.read_text()), p.key, v, comment(p))
+    for p, v in zip(params, values, strict=True):
+        if p.key in GPU_BOUNDS:
+            continue
+        for path in files_of(p, catalog):
+            texts[path] = rewrite_toml(texts.get(path, path.read_text()), p.key, v, comment(p))
     for path in sorted((catalog / "gpus").glob("*.toml")):
         gpu = load_gpu(path)
         for p, v in zip(params, values, strict=True):

@@ -28,6 +28,7 @@ from sim.inputs.load import scenario_from_table
 from sim.inputs.reading import read_text
 from sim.inputs.scenario import Scenario
 from sim.studies import published_layout as lay
+from sim.studies import published_network as net
 from sim.studies.published_cells import (
     Reliability,
     Unusable,
@@ -128,10 +129,12 @@ def _build(f: Mapping[str, str], notes: list[str]) -> tuple[Scenario, float]:
         raise _WithStep(str(e), step) from None
     if note := params_note(f, s.model):
         notes.append(note)
-    if note := lay.network_note(f.get("inter_node_bw", ""), s.cluster, s.gpus_per_node):
-        notes.append(note)
+    network = f.get("inter_node_bw", "")
+    s = net.apply_stated(network, s, notes)
     if step is None:
         step = converted_time(kind, value, f.get("metric_definition", ""), s, vocab or s.model.vocab, notes)
+    if "inter_node_bw" in f and net.network_unknown(network, s) and (why := net.undetermined_reason(s, step)):
+        raise _WithStep(why, step)
     return s, step
 
 

@@ -68,28 +68,6 @@ def cluster_name(gpu: str, gpus_per_node: int | None, notes: list[str]) -> str:
     raise Unusable(f"GPU {quote(gpu)} has no catalog cluster")
 
 
-def network_note(text: str, cluster: ClusterSpec, gpn: int) -> str | None:
-    """A note when the row's inter-node bandwidth (Gb/s per node) differs from the catalog
-    cluster's by more than 10%: the catalog's network is what gets simulated."""
-    t = " ".join(text.split())
-    if states_nothing(t) or t.lower().startswith("not stated"):
-        return None
-    if m := re.search(r"(\d+)\s*x\s*(\d+)\s*Gb(?:/s|ps)", t):
-        row = float(m.group(1)) * float(m.group(2))
-    elif m := re.search(r"([\d.]+)\s*Tb(?:/s|ps)", t):
-        row = float(m.group(1)) * 1000
-    elif m := re.search(r"([\d.]+)\s*Gb(?:/s|ps)\)?\s*per\s*GPU", t, re.I):
-        row = float(m.group(1)) * gpn
-    elif m := re.search(r"([\d.]+)\s*Gb(?:/s|ps)\)?\s*per\s*node", t):
-        row = float(m.group(1))
-    else:
-        return None
-    ours = cluster.node.nics_per_node * cluster.inter_node.bandwidth * 8 / 1e9
-    if abs(row / ours - 1) <= 0.10:
-        return None
-    return f"inter-node network {quote(t, 50)} = {row:g} Gb/s per node, the catalog {cluster.name} has {ours:g}"
-
-
 # -- engine ------------------------------------------------------------------------------------
 
 @dataclass

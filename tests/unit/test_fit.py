@@ -88,6 +88,23 @@ def test_written_hardware_files_load(tmp_path):
     assert host.zero3_hook == pytest.approx(800e-6)
 
 
+def test_priors_are_read_back_from_the_comments_a_fit_wrote(tmp_path):
+    import shutil
+
+    from sim.studies.fit_params import prior_values, write_files
+    s = tiny("ds-zero3")
+    params = parameters([s], ("matmul_efficiency", "host.zero3_hook_us"))
+    catalog = catalog_dir("hardware")
+    first = prior_values(params, catalog)
+    copy = tmp_path / "hardware"
+    shutil.copytree(catalog, copy)
+    for values in ([0.61, 900.0], [0.7, 1500.0]):      # two fits in a row, written in place
+        write_files(params, values, copy, copy, lambda p: "zerosim fit")
+        assert prior_values(params, copy) == first      # the first prior survives refits
+    assert load_gpu(copy / "gpus" / "a100-sxm4-80g.toml").matmul_efficiency == pytest.approx(0.7)
+    assert all(v is not None for v in first)
+
+
 @pytest.mark.parametrize("argv, key", [
     (["fit", "missing.csv"], "missing.csv"),
     (["fit", "x.csv", "--folds", "0"], "--folds"),

@@ -1,12 +1,14 @@
 """Published measurements -> scenarios with a measured step time (sim.studies.published).
 
 Rows from shared/validation (skipped when that folder is absent) and synthetic rows in the
-same formats; only Scenario objects are built, the DES never runs here."""
+same formats; only Scenario objects are built, and the DES runs only for rows whose unknown
+network may decide their step (sim.studies.published_network)."""
 
 from __future__ import annotations
 
 import csv
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from sim.analytic.compute import korthikanti_model_flops, megatron_flops_per_ite
 from sim.core.enums import Engine, Recompute
 from sim.core.errors import InputError
 from sim.inputs.models import model_from_table
+from sim.studies import published_network as net
 from sim.studies.published import read_rows, row_from_fields
 from sim.studies.published_cells import Reliability, number, tier
 from sim.studies.published_models import padded_vocab
@@ -220,3 +223,40 @@ def test_cells_and_tiers():
     assert tier(Reliability("medium", "plot_readoff_approx (+/-2)", True)) == "B"
     assert tier(Reliability("medium", "table_exact (via secondary)", True)) == "C"
     assert tier(Reliability("low", "text_exact", True)) == "C"
+
+
+# -- the row's network -----------------------------------------------------------------------
+
+def test_a_stated_network_is_simulated_and_a_presumed_nominal_one_is_the_catalogs():
+    bloom = row_from_fields({**VP001, "id": "N1", "inter_node_bw": "4x100 Gb/s Omni-Path per node"})
+    c = bloom.scenario.cluster
+    assert (c.node.nics_per_node, c.inter_node.bandwidth * 8 / 1e9) == (4, pytest.approx(100))
+    assert any("400 Gb/s per node simulated" in a for a in bloom.assumptions)
+    nominal = row_from_fields({**VP001, "id": "N2", "inter_node_bw": "not stated (DGX A100: 8x200 Gb/s HDR IB nominal)"})
+    assert nominal.scenario.cluster == row_from_fields(VP001).scenario.cluster
+    roce = row_from_fields({**VP001, "id": "N3", "inter_node_bw": "2 Tb/s RoCE (as stated)"})
+    assert roce.scenario.cluster.node.nics_per_node == 8
+    assert roce.scenario.cluster.inter_node.bandwidth == pytest.approx(250e9 / 8)
+
+
+def test_stated_network_cells():
+    assert net.stated_network("8x200 Gb/s HDR InfiniBand per node", 8) == (8, 200.0)
+    assert net.stated_network("400 Gb/s per GPU RDMA backend network", 8) == (8, 400.0)
+    assert net.stated_network("100 Gbps per node (1 x 100 Gbps IB)", 16) == (1, 100.0)
+    assert net.stated_network("200 Gbps per node", 16) == (0, 200.0)
+    assert net.stated_network("not stated", 16) is None and net.stated_network("", 8) is None
+
+
+def test_an_unknown_network_that_decides_the_step_keeps_the_row_out_with_its_bracket():
+    """ZeRO-3 of an 18B model at one micro-batch of 2048 tokens per GPU on 4 nodes: its
+    gathers and reductions over one NIC per node take several times the step on eight."""
+    zero3 = {**VP001, "params_B": "18.4", "layers": "40", "hidden": "6144", "heads": "48", "ffn_hidden": "24576",
+             "framework": "DeepSpeed (Megatron-DeepSpeed)", "zero_stage": "3", "micro_batch": "1",
+             "global_batch": "32", "derived": "", "metric": "iteration time", "value": "5.0", "unit": "s"}
+    unknown = row_from_fields({**zero3, "id": "U1", "inter_node_bw": "not stated"})
+    assert unknown.scenario is None and unknown.measured_step_s == pytest.approx(5.0)
+    assert unknown.reason.startswith("inter-node network not stated, and it decides the step")
+    assert "inside that range" in unknown.reason
+    stated = row_from_fields({**zero3, "id": "U2", "inter_node_bw": "8x200 Gb/s HDR InfiniBand per node"})
+    assert stated.usable
+    assert not net.network_unknown("", replace(stated.scenario, nodes=1))
