@@ -54,6 +54,19 @@ def rank_tensors(m: ModelSpec, tp: int, pp: int, stage: int, *, trainable_only: 
     return out
 
 
+def rank_grad_shapes(m: ModelSpec, tp: int, pp: int, stage: int) -> list[tuple[int, int]]:
+    """(numel on one TP rank, dimensions) of every tensor of pipeline stage `stage` that gets
+    a gradient, in rank_tensors' order."""
+    per = m.layers // pp
+    out = []
+    for mod in module_tree(m):
+        here = mod.block // per == stage if mod.block is not None else stage == (0 if mod.kind == "embedding" else pp - 1)
+        if here:
+            out += [(t.numel if mod.kind == "norm" or tp == 1 else -(-t.numel // tp), len(t.shape))
+                    for t in mod.tensors if t.trainable]
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class TensorGroup:
     """`count` identical parameter tensors of one pipeline stage (one per block it holds)."""

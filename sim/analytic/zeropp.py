@@ -68,15 +68,16 @@ def qgz_all_to_all_bytes(n_params: float, ranks_per_node: int, nodes: int) -> tu
 def zeropp_implemented_volume(tensors: list[tuple[int, bool]], dp: int, *, grad_accum: int, elem: int,
                               persistence_threshold: int, recompute_share: float, quantized_weights: bool,
                               hierarchical: bool, quantized_gradients: bool, node_ranks: int, nodes: int,
-                              hidden: int, grad_tensors: list[int] | None = None) -> dict[str, float]:
+                              grad_shapes: list[tuple[int, int]]) -> dict[str, float]:
     """Bytes per rank per step by collective kind of DeepSpeed ZeRO-3 with ZeRO++ as
     sim.engines.zeropp simulates it (every module gathered for each use, no reuse):
     gathers over dp (int8 + fp32 scales with qwZ), with hpZ all but each module's first
     gather of the step over the node's `node_ranks`, and with qgZ each quantizable gradient tensor as
     int4 through an all-to-all in the node and one across the `nodes`, the rest
-    reduce-scattered (on one node, all of them: qgZ needs more than one). `grad_tensors`: the
-    numels that get gradients (LoRA's adapters), default all. The persistent parameters'
-    gather after the step is 16-bit over dp."""
+    reduce-scattered (on one node, all of them: qgZ needs more than one). `grad_shapes`:
+    (numel, dimensions) of the tensors that get gradients (all, or LoRA's adapters); 1-D ones
+    (norms, biases) are never quantized. The persistent parameters' gather after the step is
+    16-bit over dp."""
     def once(nbytes: float, n: int) -> float:
         return (n - 1) / n * nbytes if n > 1 else 0.0
 
@@ -91,13 +92,13 @@ def zeropp_implemented_volume(tensors: list[tuple[int, bool]], dp: int, *, grad_
     else:
         gathers = grad_accum * once(forward + backward, dp)
     out = {"all_gather": gathers + once(elem * persistent, dp)}
-    grads = [n for n, _ in tensors] if grad_tensors is None else grad_tensors
+    grads = [n for n, _ in grad_shapes]
     if not quantized_gradients or nodes <= 1:     # qgZ needs more than one node
         out["reduce_scatter"] = grad_accum * once(elem * sum(tensor_padded(n, dp) for n in grads), dp)
         return out
     int4 = 0.5 + SCALE_BYTES / QGZ_GROUP
-    quantized = [n for n in grads if n >= 2 * hidden and n % (2 * dp) == 0]
-    plain = [n for n in grads if not (n >= 2 * hidden and n % (2 * dp) == 0)]
+    quantized = [n for n, dims in grad_shapes if dims > 1 and n % (2 * dp) == 0]
+    plain = [n for n, dims in grad_shapes if not (dims > 1 and n % (2 * dp) == 0)]
     out["all_to_all"] = grad_accum * sum(once(int4 * n, node_ranks) + once(int4 * n / node_ranks, nodes)
                                          for n in quantized)
     out["reduce_scatter"] = grad_accum * once(elem * sum(tensor_padded(n, dp) for n in plain), dp)

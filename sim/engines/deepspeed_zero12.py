@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 from sim.analytic.comm import flat_padded
-from sim.analytic.placement import TensorGroup, census_numel, rank_tensors, trainable
+from sim.analytic.placement import TensorGroup, census_numel, rank_grad_shapes, rank_tensors, trainable
 from sim.analytic.volumes import deepspeed_volume
 from sim.analytic.zeropp import zeropp_implemented_volume
 from sim.core.enums import Axis, Coll, ScheduleMode, ZeroStage
@@ -237,7 +237,6 @@ def zeropp_dp_volume(s: Scenario) -> dict[str, float]:
         persistence_threshold=z.param_persistence_threshold, recompute_share=recompute_share(s),
         quantized_weights=z.zero_quantized_weights, hierarchical=z.zero_hpz_partition_size > 1,
         quantized_gradients=z.zero_quantized_gradients, node_ranks=len(layout.group(Axis.DP_NODE, rep)),
-        nodes=len(layout.group(Axis.DP_ACROSS, rep)), hidden=s.model.hidden,
-        grad_tensors=[n for n, _ in rank_tensors(s.model, p.tp, p.pp, 0, trainable_only=True)])
+        nodes=len(layout.group(Axis.DP_ACROSS, rep)), grad_shapes=rank_grad_shapes(s.model, p.tp, p.pp, 0))
     out["all_reduce"] = 2 * (p.dp - 1) / p.dp * 8.0 if p.dp > 1 else 0.0   # the step's fp64 norm
     return {k: v for k, v in out.items() if v}

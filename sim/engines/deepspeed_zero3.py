@@ -85,7 +85,7 @@ class Zero3Planner(Planner):
         self.bucket = DeepSpeedBucket(self.z.reduce_bucket_size)
         self.bucket_padded = 0
         self.bucket_tensors = 0
-        self.bucket_numels: list[int] = []     # the bucket's gradient tensors (qgZ reduces them one by one)
+        self.bucket_shapes: list[tuple[int, int]] = []   # the bucket's gradients, (numel, dims): qgZ reduces each
         self.zpp = ZeroPlusPlus.of(self.z, self.h)
         # qgZ needs more than one node (stage3.py __avg_scatter_grads: else reduce_scatter_coalesced)
         rep = layout.representatives[stage]
@@ -299,23 +299,23 @@ class Zero3Planner(Planner):
         g = self.granules[use.index]
         if use.what is not B or g.shares:
             return
-        for n in reversed(g.grad_tensors):
+        for n, dims in reversed(g.grad_shapes):
             if self.bucket.add(n):   # the bucket overflowed: reduce what it held before n
                 self._reduce_scatter(use.micro_step, op, g.block)
             self.bucket_padded += tensor_padded(n, self.dp)
             self.bucket_tensors += 1
-            self.bucket_numels.append(n)
+            self.bucket_shapes.append((n, dims))
 
     def _reduce_scatter(self, ms: int, producer: OpRef | None, layer: int | None) -> None:
         """Reduce what the bucket holds except its newest gradient (DeepSpeed flushes first).
         coalesced_collectives.py `reduce_scatter_coalesced` first slices every tensor into dp
         chunks and interleaves them in Python: dp pieces per tensor on the host."""
         padded, pieces = self.bucket_padded, self.dp * self.bucket_tensors
-        numels = self.bucket_numels
+        shapes = self.bucket_shapes
         self.bucket_padded = self.bucket_tensors = 0
-        self.bucket_numels = []
+        self.bucket_shapes = []
         if self.qgz:
-            rs = qgz_reduce(self, numels, ms, producer, layer)
+            rs = qgz_reduce(self, shapes, ms, producer, layer)
         else:
             rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, self.h * padded, "reduce_scatter bucket",
                                  Phase.BWD, ms, deps=[producer], layer=layer, purpose="grad bucket", pieces=pieces)

@@ -33,6 +33,7 @@ class Unit:
     containers: tuple[str, ...] = ("root",)   # the modules with children that enclose it,
                                               # outermost first (DeepSpeed hooks them too)
     trainable: tuple[bool, ...] | None = None  # per tensor; None: all of them (no LoRA)
+    ndims: tuple[int, ...] = ()       # per tensor: its number of dimensions (1: norms and biases)
 
     @property
     def numel(self) -> int:
@@ -44,6 +45,13 @@ class Unit:
         if self.trainable is None:
             return self.tensors
         return tuple(n for n, keep in zip(self.tensors, self.trainable, strict=True) if keep)
+
+    @property
+    def grad_shapes(self) -> tuple[tuple[int, int], ...]:
+        """(numel, dimensions) of each tensor that gets a gradient (dimensions 2 where unknown)."""
+        ndims = self.ndims or (2,) * len(self.tensors)
+        keep = self.trainable or (True,) * len(self.tensors)
+        return tuple((n, d) for n, d, k in zip(self.tensors, ndims, keep, strict=True) if k)
 
     @property
     def grad_numel(self) -> int:
@@ -88,7 +96,8 @@ def units(m: ModelSpec, shape: Shape) -> tuple[Unit, ...]:
         if key not in made:
             made[key] = _module_passes(m, replace(mod, name=name), shape)
         trainable = tuple(t.trainable for t in mod.tensors) if m.lora else None
-        out.append(Unit(mod.name, mod.block, shards, made[key], role=mod.role, containers=where, trainable=trainable))
+        out.append(Unit(mod.name, mod.block, shards, made[key], role=mod.role, containers=where, trainable=trainable,
+                        ndims=tuple(len(t.shape) for t in mod.tensors)))
         if mod.feeds_attention:
             if core is None:
                 core = _attention_core(m, shape)
@@ -245,9 +254,10 @@ def merge(group: list[Unit], name: str, role: Role) -> Unit:
     passes = chain(*(u.passes for u in group))
     flags = None if all(u.trainable is None for u in group) else \
         tuple(f for u in group for f in (u.trainable if u.trainable is not None else (True,) * len(u.tensors)))
+    ndims = () if any(u.tensors and not u.ndims for u in group) else tuple(d for u in group for d in u.ndims)
     return Unit(name, group[0].block, tuple(t for u in group for t in u.tensors), passes,
                 tuple(k for u in group for k in u.selective), role=role, containers=group[0].containers[:2],
-                trainable=flags)
+                trainable=flags, ndims=ndims)
 
 
 EMBEDDINGS = (Role.TOKEN_EMBEDDING, Role.POSITION_EMBEDDING)

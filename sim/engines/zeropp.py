@@ -97,17 +97,17 @@ class ZeroPlusPlus:
         return self.h * partitioned / hpz if self.hierarchical else 0.0
 
 
-def qgz_reduce(p: Any, numels: list[int], ms: int, producer: OpRef | None, layer: int | None) -> OpRef:
+def qgz_reduce(p: Any, shapes: list[tuple[int, int]], ms: int, producer: OpRef | None, layer: int | None) -> OpRef:
     """One ZeRO-3 gradient bucket through qgZ (`all_to_all_quant_reduce`), tensor by tensor on
     the reduction stream, for the ZeRO-3 planner `p`: int4 all-to-all inside the node, then
-    across nodes, with the quantization kernels between; a 1-D tensor (fewer than 2 x hidden
-    elements here) or one whose size is not a multiple of 2 x dp takes a plain reduce-scatter."""
+    across nodes, with the quantization kernels between; a 1-D tensor (a norm's weight, a
+    bias) or one whose size is not a multiple of 2 x dp takes a plain reduce-scatter.
+    `shapes`: (numel, dimensions) of each gradient tensor of the bucket."""
     rep = p.layout.representatives[p.stage_index]
     local = len(p.layout.group(Axis.DP_NODE, rep))
     zpp: ZeroPlusPlus = p.zpp
     last = producer
-    for n in numels:
-        dims = 2 if n >= 2 * p.m.hidden else 1
+    for n, dims in shapes:
         if not zpp.quantizes_gradient(n, dims, p.dp):
             last = p.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, p.h * tensor_padded(n, p.dp),
                                 "reduce_scatter (qgZ: not quantized)", Phase.BWD, ms, deps=[last], layer=layer,

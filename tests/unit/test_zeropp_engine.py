@@ -124,3 +124,21 @@ def test_on_one_node_qgz_falls_back_to_the_reduce_scatter():
 def test_zeropp_settings_that_deepspeed_rejects_or_that_are_not_simulated_are_refused(zero, words):
     with pytest.raises(InputError, match=words):
         scenario_from_table(table(zero), Path("s.toml"), "s")
+
+
+def test_qgz_reduce_scatters_every_1d_gradient_and_quantizes_every_2d_one():
+    """GPT-2 XL's biases are 1-D however long (the MLP's is 4 h): qgZ leaves them, and only
+    them, to the reduce-scatter, by their shapes (DeepSpeed: `len(param.ds_shape) == 1`)."""
+    from sim.core.model import module_tree
+    t = {**table(QGZ, nodes=2), "model": "gpt2-xl"}
+    t["training"] = {**t["training"], "seq_len": 1024}
+    r = simulate(scenario_from_table(t, Path("s.toml"), "s"))
+    tensors = [x for mod in module_tree(r.scenario.model) for x in mod.tensors]
+    flat = [x.numel for x in tensors if len(x.shape) == 1]
+    assert max(flat) == 4 * r.scenario.model.hidden          # the MLP's input bias
+    dp = 16
+    padded = sum(-(-n // dp) * dp for n in flat)
+    g = by_group(r)
+    assert g[("reduce_scatter", "dp")] == pytest.approx(2 * padded * (dp - 1) / dp, rel=1e-6)
+    matrices = sum(x.numel for x in tensors if len(x.shape) > 1)
+    assert g[("all_to_all", "dp_node")] == pytest.approx(matrices * 0.502 * 7 / 8, rel=0.01)
