@@ -143,9 +143,7 @@ class EventEngine:
         for r in self.ranks:
             for link in opcost.LinkClass:
                 capacity[(r, link)] = opcost.link_capacity(link, cluster)
-            capacity[(r, Stream.H2D)] = capacity[(r, Stream.D2H)] = opcost.pcie_bandwidth(cluster)
-            # the node's NVMe, shared by its ranks; reads and writes share it (sim.des.transfers)
-            capacity[(r, Stream.NVME_READ)] = opcost.nvme_bandwidth(cluster, self.scenario.gpus_per_node, write=False)
+            capacity.update(self._host_links(r))
         self.network = FlowNetwork(self.env, capacity)
         self.pools = {r: MemoryPool(r, cluster.gpu.memory) for r in self.ranks}
         self._class = {r: self.layout.class_of(r) for r in self.ranks}
@@ -161,6 +159,45 @@ class EventEngine:
         # a CPU process pays its host costs inline (fold_synchronous); a GPU's host issues ahead (HostClock)
         self._inline_host = self.host and cluster.host.synchronous and not self.serial
 
+    # -- the host side a node's ranks share ------------------------------------------------
+    def _host_links(self, rank: int) -> dict[Any, float]:
+        """Capacities of the host-side resources `rank` uses: its PCIe switch's uplink to the
+        CPU (per direction), the node's NVMe (reads and writes share it: sim.des.transfers)
+        and the node's CPU for CPU-Adam and host casts (in seconds of the whole node's CPU
+        per second). Full mode simulates every rank, so the ranks of a node (of a switch)
+        share one resource and a rank that steps alone gets all of it; representative mode
+        simulates one rank of identical ones that step together, each at its static share."""
+        s, c = self.scenario, self.scenario.cluster
+        n = s.gpus_per_node
+        if self.mode is Mode.FULL:
+            uplink, nvme, cpu = c.host.pcie.achievable_bandwidth, opcost.nvme_bandwidth(c, 1, write=False), 1.0
+        else:
+            uplink, nvme, cpu = opcost.pcie_bandwidth(c), opcost.nvme_bandwidth(c, n, write=False), 1.0 / n
+        return {self._host_key(rank, Stream.H2D): uplink, self._host_key(rank, Stream.D2H): uplink,
+                self._host_key(rank, Stream.NVME_READ): nvme, self._host_key(rank, Stream.CPU): cpu}
+
+    def _host_key(self, rank: int, kind: Stream) -> Any:
+        """The flow-network key of a host-side resource of `rank` (its own in representative
+        mode; its switch's or node's in full mode)."""
+        if self.mode is not Mode.FULL:
+            return (rank, kind)
+        node, local = self.layout.node(rank), rank % self.scenario.gpus_per_node
+        if kind in (Stream.H2D, Stream.D2H):
+            return ("pcie switch", node, local // self.scenario.cluster.host.gpus_per_pcie_switch, kind)
+        return ("node", node, kind)
+
+    def _shared(self, links: tuple[tuple[Any, float], ...]) -> tuple[tuple[Any, float], ...]:
+        """`links` with each host-side (rank, stream) key replaced by its shared key."""
+        if self.mode is not Mode.FULL:
+            return links
+        return tuple(((self._host_key(*key), m) if isinstance(key[1], Stream) else (key, m)) for key, m in links)
+
+    def _cpu_step(self, rank: int, op: CpuStep) -> Generator[simpy.Event, Any, None]:
+        """Full mode: CPU-Adam and host casts as work on the node's CPU, shared by the ranks
+        of the node that step at the same time (opcost.cpu_adam_time at the node's rates)."""
+        work = opcost.cpu_adam_time(op.params, self.scenario.cluster, 1, op.host_bytes)
+        yield self.network.transfer(work, ((self._host_key(rank, Stream.CPU), 1.0),))
+
     # -- running ---------------------------------------------------------------------------
     def run(self, steps: int = 1) -> None:
         """Simulate `steps` optimizer steps back to back; `spans` holds the last one's ops,
@@ -169,7 +206,11 @@ class EventEngine:
             for alloc in self.schedule.classes[self.layout.class_of(r)].resident:
                 self.pools[r].allocate(alloc, 0.0)
         timed = self.kernel_time
-        plans = [ClassPlan.of(cls, self.scenario, local_time=lambda op, s: local_time(op, s, timed),
+        shared_cpu = self.mode is Mode.FULL      # CPU steps share the node's CPU (_cpu_step)
+
+        def own_time(op: AnyOp, s: Scenario) -> float | None:
+            return None if shared_cpu and isinstance(op, CpuStep) else local_time(op, s, timed)
+        plans = [ClassPlan.of(cls, self.scenario, local_time=own_time,
                               fuse=self.shortcuts and not self.serial,
                               link_times=self._exclusive_times(k, cls) if self.shortcuts else {})
                  for k, cls in enumerate(self.schedule.classes)]
@@ -321,7 +362,7 @@ class EventEngine:
     def _transfer(self, transfers: list[Transfer]) -> Generator[simpy.Event, Any, None]:
         for t in transfers:
             yield self.env.timeout(t.latency)
-            yield self.network.transfer(t.nbytes, t.links, t.rate)
+            yield self.network.transfer(t.nbytes, self._shared(t.links), t.rate)
 
     def _exclusive_times(self, k: int, cls: ClassSchedule) -> dict[int, float]:
         """Representative mode: closed-form times of the ops that always have their links to
@@ -338,6 +379,8 @@ class EventEngine:
         """An op that uses shared links: a pipeline send, a PCIe copy or a collective."""
         if isinstance(op, Copy):
             yield from self._transfer(copy_transfers(op, rank, self.scenario))
+        elif isinstance(op, CpuStep):
+            yield from self._cpu_step(rank, op)
         elif isinstance(op, (Send, Collective)):
             self._comm_live[rank] += 1
             try:

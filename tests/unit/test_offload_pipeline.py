@@ -174,3 +174,29 @@ def test_the_delayed_update_runs_beside_the_step_at_zero3_too():
                       and sp.op.phase.value == "bwd")
     assert start < compute_end                    # CPU-Adam begins with the step, not after the backward
     assert dpu.step_time_s < plain.step_time_s
+
+
+def _node_table(zero: dict, pp: int) -> dict:
+    return {**table(zero), "parallel": {"tp": 1, "pp": pp},
+            "training": {"seq_len": 512, "micro_batch": 2, "grad_accum": 4, "precision": "bf16"}}
+
+
+@pytest.mark.parametrize("zero", [{"stage": 2, "offload_optimizer": "cpu"},
+                                  {"stage": 3, "offload_optimizer": "cpu", "offload_param": "cpu"}])
+def test_ranks_that_step_together_share_the_node_cpu_as_the_static_share_says(zero):
+    from sim.des.engine import Mode
+    s = scenario_from_table(_node_table(zero, 1), Path("s.toml"), "s")
+    full, rep = simulate(s, mode=Mode.FULL), simulate(s, mode=Mode.REPRESENTATIVE)
+    assert full.step_time_s == pytest.approx(rep.step_time_s, rel=1e-9)
+
+
+def test_a_pipeline_stage_that_steps_first_has_the_node_cpu_to_itself_for_a_while():
+    """ZeRO-1 + CPU offload with two pipeline stages on one node: the last stage ends its
+    backward first, so its CPU-Adam starts with the node's CPU shared by 4 ranks, not 8;
+    full mode (every rank simulated, the node's CPU one shared resource) sees it."""
+    from sim.des.engine import Mode
+    s = scenario_from_table(_node_table({"stage": 1, "offload_optimizer": "cpu"}, 2), Path("s.toml"), "s")
+    full, rep = simulate(s, mode=Mode.FULL), simulate(s, mode=Mode.REPRESENTATIVE)
+    adam = lambda r: [sp.end - sp.start for sp in r.engine.spans if isinstance(sp.op, CpuStep) and sp.op.params]  # noqa: E731
+    assert min(adam(full)) < 0.99 * min(adam(rep))
+    assert full.step_time_s < rep.step_time_s
