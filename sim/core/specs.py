@@ -72,6 +72,7 @@ class HostSpec:
     nvme_bandwidth: float          # bytes/s per node (reads); 0 when unknown / absent
     nvme_write_bandwidth: float = 0.0   # bytes/s per node; 0: as the reads
     nvme_capacity: float = 0.0     # bytes per node; 0 when unknown / absent
+    nvme_latency: float = 100e-6   # s one request takes at queue depth 1, besides its bytes (aio model)
     launch: float = 0.0            # s of host CPU per kernel launch (framework dispatch included)
     collective_launch: float = 0.0  # s of host CPU per collective call (process group + NCCL enqueue)
     zero3_hook: float = 0.0        # s per DeepSpeed ZeRO-3 module hook pair (fetch / release bookkeeping)
@@ -121,3 +122,23 @@ class ClusterSpec:
     def nic_bandwidth_per_gpu(self) -> float:
         """bytes/s of achievable inter-node bandwidth one GPU gets when all GPUs send."""
         return self.inter_node.achievable_bandwidth * self.node.nics_per_node / self.node.gpus_per_node
+
+
+DEFAULT_AIO_BLOCK = 1_048_576      # DeepSpeed's aio block_size (swap_tensor/constants.py)
+DEFAULT_AIO_QUEUE_DEPTH = 8
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AioConfig:
+    """DeepSpeed's `aio` settings that change the NVMe rate (sim.inputs.aio_config)."""
+
+    block_size: int = DEFAULT_AIO_BLOCK
+    queue_depth: int = DEFAULT_AIO_QUEUE_DEPTH
+    intra_op_parallelism: int = 1
+    overlap_events: bool = True
+
+    @property
+    def in_flight(self) -> float:
+        """Bytes one rank's handle keeps in flight on average."""
+        full = float(self.queue_depth * self.block_size * self.intra_op_parallelism)
+        return full if self.overlap_events else full / 2

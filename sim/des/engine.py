@@ -169,10 +169,11 @@ class EventEngine:
         simulates one rank of identical ones that step together, each at its static share."""
         s, c = self.scenario, self.scenario.cluster
         n = s.gpus_per_node
+        nvme = opcost.nvme_bandwidth(c, n, write=False, aio=s.zero.aio if s.zero else None)
         if self.mode is Mode.FULL:
-            uplink, nvme, cpu = c.host.pcie.achievable_bandwidth, opcost.nvme_bandwidth(c, 1, write=False), 1.0
+            uplink, nvme, cpu = c.host.pcie.achievable_bandwidth, nvme * n, 1.0
         else:
-            uplink, nvme, cpu = opcost.pcie_bandwidth(c), opcost.nvme_bandwidth(c, n, write=False), 1.0 / n
+            uplink, cpu = opcost.pcie_bandwidth(c), 1.0 / n
         return {self._host_key(rank, Stream.H2D): uplink, self._host_key(rank, Stream.D2H): uplink,
                 self._host_key(rank, Stream.NVME_READ): nvme, self._host_key(rank, Stream.CPU): cpu}
 

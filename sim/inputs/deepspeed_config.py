@@ -10,12 +10,13 @@ at their defaults only and refused otherwise ("not simulated yet", exit 2).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from sim.core import limits as L
 from sim.core.errors import InputError, allowed
+from sim.inputs.aio_config import read_aio
 from sim.inputs.reading import read_json
 from sim.inputs.schema import NOT_SIMULATED_YET, Key, check_value, read_table
 from sim.inputs.zero_config import ZeroConfig, zero_from_dict
@@ -28,10 +29,9 @@ NO_EFFECT = {   # logging, schedules, seeds, checkpoint I/O: no effect on step t
 }
 SIMULATED = {"train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps", "fp16",
              "bf16", "bfloat16", "gradient_clipping", "zero_optimization", "communication_data_type",
-             "activation_checkpointing"}
+             "activation_checkpointing", "aio"}
 # Keys that change the work in ways not simulated yet: accepted at their defaults only.
 NOT_SIMULATED = {"prescale_gradients": False, "gradient_predivide_factor": 1.0, "data_types": None,
-                 "aio": None,   # ZeRO-Infinity's libaio settings: the NVMe bandwidth is taken as they reach it
                  "gradient_accumulation_dtype": None}
 CHECKPOINT_KEYS = (   # activation_checkpointing (deepspeed/runtime/activation_checkpointing/config.py)
     Key("partition_activations", bool, required=False, default=False),
@@ -89,7 +89,8 @@ def read_deepspeed_config(path: Path, *, hidden: int) -> DeepSpeedSettings:
         communication_data_type=_comm_dtype(cfg.get("communication_data_type"), precision, path),
         partition_activations=ckpt["partition_activations"],
         cpu_checkpointing=ckpt["cpu_checkpointing"],
-        zero=zero_from_dict(zero_raw, path, "zero_optimization.", hidden=hidden),
+        zero=replace(zero_from_dict(zero_raw, path, "zero_optimization.", hidden=hidden),
+                     aio=read_aio(cfg.get("aio") or {}, path)),
         torch_adam=_torch_adam(cfg.get("optimizer"), path),
     )
 

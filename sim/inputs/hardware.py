@@ -73,6 +73,7 @@ HOST_KEYS = (
     Key("nvme_bandwidth_GBps", float, required=False, default=0.0, non_negative=True),
     Key("nvme_write_bandwidth_GBps", float, required=False, default=0.0, non_negative=True),
     Key("nvme_TB", float, required=False, default=0.0, non_negative=True),
+    Key("nvme_latency_us", float, required=False, default=100.0, positive=True, maximum=1e6),
     Key("launch_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
     Key("collective_launch_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
     Key("zero3_hook_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
@@ -136,7 +137,7 @@ def cluster_from_table(table: Mapping[str, Any], source: str | Path, base_dir: P
                       gpus_per_pcie_switch=host["gpus_per_pcie_switch"],
                       cpu_adam_params_per_s=host["cpu_adam_params_per_s"],
                       nvme_bandwidth=host["nvme_bandwidth"], nvme_write_bandwidth=host["nvme_write_bandwidth"],
-                      nvme_capacity=host["nvme_TB"] * 1e12, launch=host["launch"],
+                      nvme_capacity=host["nvme_TB"] * 1e12, nvme_latency=host["nvme_latency"], launch=host["launch"],
                       collective_launch=host["collective_launch"], zero3_hook=host["zero3_hook"],
                       fsdp2_hook=host["fsdp2_hook"], zero3_rank_piece=host["zero3_rank_piece"],
                       synchronous=host["synchronous"]))

@@ -9,6 +9,7 @@ the key and what is allowed.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from sim.core.errors import InputError
 from sim.core.model import ModelSpec
 from sim.core.specs import ClusterSpec
 from sim.core.units import GB
+from sim.inputs.aio_config import read_aio
 from sim.inputs.catalog import resolve
 from sim.inputs.deepspeed_config import read_deepspeed_config, resolve_batch
 from sim.inputs.hardware import cluster_from_table, load_cluster
@@ -38,7 +40,7 @@ from sim.inputs.scenario import CommConfig, ComputeConfig, Parallelism, Scenario
 from sim.inputs.scenario_checks import check_scenario
 from sim.inputs.scenario_tables import ddp_from_table, fsdp_from_table, megatron_from_table, read_training
 from sim.inputs.schema import Key, check_value, read_table
-from sim.inputs.zero_config import zero_from_dict
+from sim.inputs.zero_config import ZeroConfig, zero_from_dict
 
 TOP_KEYS = (
     Key("model", object), Key("cluster", object), Key("nodes", int, positive=True, maximum=L.MAX_NODES),
@@ -55,6 +57,7 @@ TOP_KEYS = (
     Key("comm", dict, required=False, default={}),
     Key("compute", dict, required=False, default={}),
     Key("lora", dict, required=False, default=None),
+    Key("aio", dict, required=False, default=None),
 )
 COMPUTE_KEYS = (
     Key("kernels", str, required=False, default="torch", choices=tuple(KernelStyle)),
@@ -104,6 +107,8 @@ def scenario_from_table(raw: Mapping[str, Any], source: Path, name: str, questio
     zero = None
     if engine is Engine.DEEPSPEED:
         zero = ds.zero if ds else zero_from_dict(top["zero"] or {}, source, "zero.", hidden=model.hidden)
+    if top["aio"] is not None:
+        zero = _with_aio(zero, top["aio"], ds is not None, source)
     scenario = Scenario(
         name=name, path=source, question=question, model=model, cluster=cluster,
         nodes=top["nodes"], gpus_per_node=gpn, parallel=parallel, training=training,
@@ -115,6 +120,16 @@ def scenario_from_table(raw: Mapping[str, Any], source: Path, name: str, questio
         compute=_compute(top["compute"], source))
     check_scenario(scenario, source)
     return scenario
+
+
+def _with_aio(zero: ZeroConfig | None, raw: Mapping[str, Any], from_ds: bool, source: Path) -> ZeroConfig:
+    """The scenario's [aio] table (DeepSpeed's top-level `aio`) on its ZeRO settings."""
+    if zero is None:
+        raise InputError(source, "aio", "DeepSpeed's libaio settings need the DeepSpeed engine ([zero] or a "
+                         "deepspeed config)")
+    if from_ds:
+        raise InputError(source, "aio", "given in the scenario and in its deepspeed config; allowed: one of them")
+    return replace(zero, aio=read_aio(raw, source))
 
 
 def _comm(raw: Mapping[str, Any], source: Path) -> CommConfig:

@@ -16,6 +16,7 @@ from typing import Any
 
 from sim.core.enums import OffloadDevice, ZeroStage
 from sim.core.errors import InputError, allowed
+from sim.core.specs import AioConfig
 from sim.inputs.schema import NOT_SIMULATED_YET, Key, check_value, read_table
 
 
@@ -65,6 +66,7 @@ class ZeroConfig:
     zero_quantized_gradients: bool = False
     offload_optimizer: OffloadConfig = field(default_factory=OffloadConfig)
     offload_param: OffloadConfig = field(default_factory=OffloadConfig)
+    aio: AioConfig = field(default_factory=AioConfig)   # DeepSpeed's top-level `aio` (NVMe swaps)
 
 
 _I, _B = int, bool

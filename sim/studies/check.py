@@ -52,7 +52,8 @@ def op_cost(op: AnyOp, s: Scenario, layout: Layout) -> float:
     if alone is not None:
         return alone
     if isinstance(op, Copy):
-        return opcost.copy_time(op.nbytes, op.direction.value, op.pageable, cluster, s.gpus_per_node)
+        return opcost.copy_time(op.nbytes, op.direction.value, op.pageable, cluster, s.gpus_per_node,
+                                s.zero.aio if s.zero else None)
     assert isinstance(op, Collective | Send), op
     members = layout.group(op.axis, layout.representatives[0])
     nodes, per_node = layout.group_span(op.axis, layout.representatives[0])

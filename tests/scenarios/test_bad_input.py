@@ -27,7 +27,7 @@ stage = 3
 
 CASES = {  # name: (scenario text, key named in the message, words that say what is allowed)
     "missing key": (GOOD.replace("nodes = 2\n", ""), "nodes", "missing required key; allowed: an integer > 0"),
-    "unknown key": (GOOD.replace("nodes = 2", "nodez = 2"), "nodez", "allowed: cluster, comm, compute, ddp, deepspeed"),
+    "unknown key": (GOOD.replace("nodes = 2", "nodez = 2"), "nodez", "allowed: aio, cluster, comm, compute, ddp, deepspeed"),
     "wrong type": (GOOD.replace("nodes = 2", 'nodes = "two"'), "nodes", "allowed: an integer"),
     "unknown model": (GOOD.replace('"llama2-7b"', '"llama-9b"'), "model", "allowed: gpt2, gpt2-hf, gpt2-large"),
     "unknown cluster": (GOOD.replace('"dgx-a100-80g"', '"dgx-z100"'), "cluster", "allowed: dgx-a100-40g"),

@@ -110,3 +110,51 @@ def test_nvme_offload_that_cannot_run_is_refused(tmp_path, change, words):
     t = {**table(cluster_file(tmp_path), NVME), **change}
     with pytest.raises(InputError, match=words):
         scenario_from_table(t, Path("s.toml"), "s")
+
+
+def test_aio_settings_that_keep_too_little_in_flight_slow_the_swaps(tmp_path):
+    """DeepSpeed's aio defaults (8 x 1 MiB per rank) fill a DGX-2's NVMe; one 128 KiB request
+    per rank keeps 2 MB in flight on the node against the 2.5 MB (25 GB/s x 100 us) that
+    would: about half the rate (sim.analytic.opcost.aio_efficiency)."""
+    from sim.analytic.opcost import aio_efficiency
+    from sim.core.specs import AioConfig
+    path = cluster_file(tmp_path)
+    c = scenario_from_table(table(path, NVME), Path("s.toml"), "s").cluster
+    assert aio_efficiency(AioConfig(), c, 16) == pytest.approx(1.0)
+    small = aio_efficiency(AioConfig(block_size=131072, queue_depth=1), c, 16)
+    assert small == pytest.approx(0.47, abs=0.02)
+    depths = [aio_efficiency(AioConfig(block_size=131072, queue_depth=q), c, 16) for q in (1, 2, 4, 8)]
+    assert depths == sorted(depths) and aio_efficiency(AioConfig(overlap_events=False), c, 16) < 1.0
+    base = run(table(path, NVME))
+    slow = run({**table(path, NVME), "aio": {"block_size": 131072, "queue_depth": 1}})
+    assert slow.step_time_s > 1.2 * base.step_time_s
+    reads = lambda r: sum(sp.end - sp.start for sp in copies(r, Stream.NVME_READ))  # noqa: E731
+    assert reads(slow) == pytest.approx(reads(base) / small, rel=0.05)
+
+
+@pytest.mark.parametrize("aio, words", [
+    ({"single_submit": True}, "not simulated yet"),
+    ({"use_gds": True}, "not simulated yet"),
+    ({"queue_depth": 0}, "aio.queue_depth"),
+    ({"thread_count": 2, "intra_op_parallelism": 2}, "aio.thread_count"),
+])
+def test_aio_settings_that_are_not_simulated_or_wrong_are_refused(tmp_path, aio, words):
+    with pytest.raises(InputError, match=re.escape(words)):
+        scenario_from_table({**table(cluster_file(tmp_path), NVME), "aio": aio}, Path("s.toml"), "s")
+
+
+def test_aio_needs_deepspeed_and_one_place(tmp_path):
+    t = {**table(cluster_file(tmp_path), NVME), "aio": {"queue_depth": 4}}
+    assert scenario_from_table(t, Path("s.toml"), "s").zero.aio.queue_depth == 4
+    ddp = {k: v for k, v in t.items() if k != "zero"} | {"engine": "ddp"}
+    with pytest.raises(InputError, match="need the DeepSpeed engine"):
+        scenario_from_table(ddp, Path("s.toml"), "s")
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 16, "fp16": {"enabled": true},'
+                  ' "zero_optimization": {"stage": 3}, "aio": {"block_size": 262144, "queue_depth": 32}}')
+    from_ds = {k: v for k, v in t.items() if k not in ("zero", "aio")} | {"deepspeed": str(ds)}
+    from_ds["training"] = {k: v for k, v in t["training"].items() if k not in ("micro_batch", "global_batch")}
+    s = scenario_from_table(from_ds, Path("s.toml"), "s")
+    assert (s.zero.aio.block_size, s.zero.aio.queue_depth) == (262144, 32)
+    with pytest.raises(InputError, match="given in the scenario and in its deepspeed config"):
+        scenario_from_table({**from_ds, "aio": {"queue_depth": 4}}, Path("s.toml"), "s")
