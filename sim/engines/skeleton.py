@@ -17,6 +17,7 @@ from enum import StrEnum
 from functools import cached_property
 
 from sim.analytic import activations as act
+from sim.analytic import kernels as kn
 from sim.analytic.kernels import Kernel
 from sim.analytic.placement import TensorGroup, stage_census
 from sim.core.enums import Axis, Coll
@@ -255,6 +256,8 @@ class Planner:
         op: OpRef
         if use.what is F:
             alloc: tuple[Alloc, ...] = ()
+            if first_of_block and self.starts_segment(g.block):
+                self.partition_checkpoint(use)
             if first_of_block and self.starts_segment(g.block) and self.t.cpu_checkpointing:
                 self.copy(Stream.D2H, self.checkpoint_bytes, f"checkpoint of block {g.block} to the host", Phase.FWD,
                           use.micro_step, stream=Stream.COMPUTE, layer=layer)
@@ -309,12 +312,42 @@ class Planner:
                                           value_bytes=self.elem(self.half))
         return full / p.tp if self.s.partitioned_checkpoints else full
 
+    def partition_checkpoint(self, use: Use) -> None:
+        """DeepSpeed's `partition_activations` (checkpointing.py `partition_activations`): the
+        block input's slice for this rank is cloned; with `contiguous_memory_optimization`
+        it is copied again into a preallocated buffer, one of `number_checkpoints` that the
+        micro-step's first checkpoint allocates and its first backward lets go (the unused
+        ones then; each used one when its block is recomputed). On the host with
+        `cpu_checkpointing`: that copy is the D2H, and the buffers take no GPU memory."""
+        if not self.t.partition_activations:
+            return
+        block, cb = self.granules[use.index].block, self.checkpoint_bytes
+        kernels: tuple[kn.Kernel, ...] = (kn.memory(f"clone checkpoint partition of block {block}", 2 * cb),)
+        contiguous = self.t.contiguous_checkpoints and not self.t.cpu_checkpointing
+        if contiguous:
+            kernels += (kn.memory(f"copy checkpoint of block {block} into the contiguous buffer", 2 * cb),)
+        alloc: tuple[Alloc, ...] = ()
+        if contiguous and block == min(self._segments) and self.unused_contiguous_bytes:
+            alloc = (Alloc(Mem.ACTIVATIONS, "unused contiguous checkpoint buffers", self.unused_contiguous_bytes),)
+        self.compute(f"partition checkpoint of block {block}", Phase.FWD, use.micro_step, kernels, block, alloc=alloc)
+
+    @cached_property
+    def unused_contiguous_bytes(self) -> float:
+        """The contiguous checkpoint buffers no checkpoint of this stage fills."""
+        segments = len({seg.start for seg in self._segments.values()})
+        return max(0, self.t.contiguous_checkpoints - segments) * self.checkpoint_bytes
+
     def restore_checkpoint(self, use: Use) -> None:
         """Before a segment is recomputed (deepspeed/runtime/activation_checkpointing/
         checkpointing.py `CheckpointFunction.backward`): the checkpoint comes back from the
         host (`cpu_checkpointing`, a blocking H2D copy) and its partitions are all-gathered
         over the TP group (`partition_activations`), both on the compute stream."""
         block = self.granules[use.index].block
+        if self.t.contiguous_checkpoints and not self.t.cpu_checkpointing and self.unused_contiguous_bytes \
+                and block == max(seg.start for seg in self._segments.values()):   # the first recomputed
+            self.compute(f"release unused contiguous buffers ({block})", Phase.BWD, use.micro_step, (), block,
+                         free=(Alloc(Mem.ACTIVATIONS, "unused contiguous checkpoint buffers",
+                                     self.unused_contiguous_bytes),))
         if self.t.cpu_checkpointing:
             self.copy(Stream.H2D, self.checkpoint_bytes, f"checkpoint of block {block} from the host", Phase.BWD,
                       use.micro_step, stream=Stream.COMPUTE, layer=block)

@@ -36,8 +36,8 @@ NOT_SIMULATED = {"prescale_gradients": False, "gradient_predivide_factor": 1.0, 
 CHECKPOINT_KEYS = (   # activation_checkpointing (deepspeed/runtime/activation_checkpointing/config.py)
     Key("partition_activations", bool, required=False, default=False),
     Key("cpu_checkpointing", bool, required=False, default=False),   # D2H in forward, H2D before recompute
-    Key("contiguous_memory_optimization", bool, required=False, default=False, not_simulated=True),
-    Key("number_checkpoints", int, required=False, default=None, positive=True, not_simulated=True),
+    Key("contiguous_memory_optimization", bool, required=False, default=False),
+    Key("number_checkpoints", int, required=False, default=None, positive=True),
     Key("synchronize_checkpoint_boundary", bool, required=False, default=False, not_simulated=True),
     Key("profile", bool, required=False, default=False, not_simulated=True),
 )
@@ -57,6 +57,8 @@ class DeepSpeedSettings:
     communication_data_type: str | None
     partition_activations: bool
     cpu_checkpointing: bool
+    contiguous_memory_optimization: bool = False
+    number_checkpoints: int | None = None
     zero: ZeroConfig
     torch_adam: bool = False        # optimizer.params.torch_adam: torch.optim's Adam, not FusedAdam
 
@@ -89,6 +91,8 @@ def read_deepspeed_config(path: Path, *, hidden: int) -> DeepSpeedSettings:
         communication_data_type=_comm_dtype(cfg.get("communication_data_type"), precision, path),
         partition_activations=ckpt["partition_activations"],
         cpu_checkpointing=ckpt["cpu_checkpointing"],
+        contiguous_memory_optimization=ckpt["contiguous_memory_optimization"],
+        number_checkpoints=ckpt["number_checkpoints"],
         zero=replace(zero_from_dict(zero_raw, path, "zero_optimization.", hidden=hidden),
                      aio=read_aio(cfg.get("aio") or {}, path)),
         torch_adam=_torch_adam(cfg.get("optimizer"), path),

@@ -240,7 +240,8 @@ def _training(raw: Mapping[str, Any], ds: Any, dp: int, engine: Engine, source: 
                     cpu_checkpointing=_cpu_checkpointing(t, ds, source),
                     optimizer=_optimizer(t["optimizer_implementation"], engine, ds, cpu_device),
                     recompute_method=t["recompute_method"], recompute_layers=t["recompute_num_layers"],
-                    delayed_parameter_update=t["delayed_parameter_update"])
+                    delayed_parameter_update=t["delayed_parameter_update"],
+                    contiguous_checkpoints=_contiguous_checkpoints(t, ds, source))
 
 
 def _cpu_checkpointing(t: Mapping[str, Any], ds: Any, source: Path) -> bool:
@@ -252,6 +253,31 @@ def _cpu_checkpointing(t: Mapping[str, Any], ds: Any, source: Path) -> bool:
         raise InputError(given[0], given[1], f"true moves the checkpoints of full recomputation to the host, but "
                          f"training.recompute is {t['recompute']!r}; allowed: recompute = \"full\", or false")
     return given is not None
+
+
+def _contiguous_checkpoints(t: Mapping[str, Any], ds: Any, source: Path) -> int:
+    """DeepSpeed's `contiguous_memory_optimization` with its `number_checkpoints` (from
+    [training] or the DeepSpeed config's activation_checkpointing), 0 when off. DeepSpeed
+    uses it only inside partition_activations (checkpointing.py `partition_activations`) and
+    asserts a number of checkpoints; a key that would change nothing is refused here."""
+    if ds is not None and ds.contiguous_memory_optimization:
+        on, count = True, ds.number_checkpoints
+        where = (ds.path, "activation_checkpointing.contiguous_memory_optimization")
+    else:
+        on, count = t["contiguous_memory_optimization"], t["number_checkpoints"]
+        where = (source, "training.contiguous_memory_optimization")
+    if not on:
+        return 0
+    partitioned = t["partition_activations"] or bool(ds and ds.partition_activations)
+    if not partitioned or t["recompute"] != Recompute.FULL:
+        raise InputError(where[0], where[1], "true copies partitioned activation checkpoints into contiguous "
+                         "buffers (DeepSpeed uses it only then); allowed: with partition_activations = true and "
+                         "recompute = \"full\", or false")
+    if count is None:
+        raise InputError(where[0], where[1].replace("contiguous_memory_optimization", "number_checkpoints"),
+                         "missing: contiguous buffers are sized by the number of checkpoints (DeepSpeed asserts it); "
+                         "allowed: an integer > 0, usually the checkpointed blocks per stage")
+    return count
 
 
 def _optimizer(given: str | None, engine: Engine, ds: Any, cpu_device: bool) -> OptimizerImpl:

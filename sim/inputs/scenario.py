@@ -80,6 +80,7 @@ class Training:
     recompute_method: str = UNIFORM  # which blocks full recomputation checkpoints (sim.analytic.recompute)
     recompute_layers: int = 1
     delayed_parameter_update: bool = False   # ZeRO-Offload paper's DPU (sim.engines.offload)
+    contiguous_checkpoints: int = 0   # DeepSpeed's contiguous_memory_optimization: number_checkpoints (0: off)
 
     @property
     def recompute_plan(self) -> RecomputePlan | None:

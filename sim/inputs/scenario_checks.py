@@ -25,6 +25,16 @@ def check_scenario(s: Scenario, source: Path) -> None:
     _check_lora(s, source)
     _check_hpz(s, source)
     _check_nvme(s, source)
+    _check_contiguous(s, source)
+
+
+def _check_contiguous(s: Scenario, source: Path) -> None:
+    """DeepSpeed's contiguous checkpoint buffers hold `number_checkpoints` checkpoints and are
+    reset by the first backward: with pipeline parallelism several forwards fill them before
+    one (1F1B warm-up), which is not simulated yet."""
+    if s.training.contiguous_checkpoints and s.parallel.pp > 1:
+        raise InputError(source, "training.contiguous_memory_optimization", f"with pp = {s.parallel.pp}: "
+                         f"{NOT_SIMULATED_YET}; allowed: pp = 1, or false")
 
 
 def _check_shapes(s: Scenario, source: Path) -> None:

@@ -29,6 +29,8 @@ TRAINING_KEYS = (
     Key("recompute_method", str, required=False, default=UNIFORM, choices=METHODS),
     Key("recompute_num_layers", int, required=False, default=1, positive=True, maximum=L.MAX_LAYERS),
     Key("delayed_parameter_update", bool, required=False, default=False),
+    Key("contiguous_memory_optimization", bool, required=False, default=False),
+    Key("number_checkpoints", int, required=False, default=None, positive=True, maximum=L.MAX_LAYERS),
 )
 
 

@@ -231,6 +231,8 @@ def _activations(s: Scenario, pp_stage: int) -> float:
                                       sequence_parallel=p.sequence_parallel, value_bytes=value_bytes)
     total = kept_activation_bytes(layers, plan, full=per_layer if plan is None else full,
                                   checkpoint=per_layer) * inflight
+    if plan is not None and t.contiguous_checkpoints:   # buffers no checkpoint fills (sim.engines.skeleton)
+        total += max(0, t.contiguous_checkpoints - len(plan.segments(layers))) * per_layer
     working = plan.working(layers) if plan is not None else 0
     total += working * act.recompute_working_bytes(m, t.seq_len, t.micro_batch, recompute=t.recompute, tp=p.tp,
                                                    sequence_parallel=p.sequence_parallel, value_bytes=value_bytes)

@@ -190,7 +190,10 @@ def ds_scenario(tmp_path, ds: dict) -> str:
     ({"train_batch_size": 16, "zero_optimization": {"stage": "3"}}, ("zero_optimization.stage",)),
     ({"train_batch_size": 16, "prescale_gradients": True}, ("not simulated yet",)),
     ({"train_batch_size": 16, "activation_checkpointing": {"contiguous_memory_optimization": True}},
-     ("activation_checkpointing.contiguous_memory_optimization", "not simulated yet")),
+     ("activation_checkpointing.contiguous_memory_optimization", "with partition_activations = true")),
+    ({"train_batch_size": 16, "activation_checkpointing": {"synchronize_checkpoint_boundary": True}},
+     ("activation_checkpointing.synchronize_checkpoint_boundary", "not simulated yet")),
+    ({"train_batch_size": 16, "aio": {"use_gds": True}}, ("aio.use_gds", "not simulated yet")),
     ({"train_batch_size": 16, "zero_optimization": {"stage": 3, "zero_quantized_nontrainable_weights": True}},
      ("not simulated yet",)),
 ])

@@ -121,3 +121,46 @@ def test_cpu_checkpoints_cross_pcie_both_ways_and_leave_the_device():
     assert len([op for op in copies if "from the host" in op.name]) == per_step
     assert activation_peak(on_host) < activation_peak(on_device)
     assert on_host.step_time_s > on_device.step_time_s
+
+
+def contiguous_table(**training) -> dict:
+    return {"model": DEEP, "cluster": "dgx-a100-80g", "nodes": 1, "parallel": {"tp": 2}, "zero": {"stage": 1},
+            "training": {"seq_len": 512, "micro_batch": 2, "grad_accum": 1, "precision": "bf16", "recompute": "full",
+                         "partition_activations": True, **training}}
+
+
+def test_contiguous_checkpoints_copy_each_partition_again_and_hold_the_unused_buffers():
+    """DeepSpeed's contiguous_memory_optimization (checkpointing.py `partition_activations`):
+    each checkpoint's partition is cloned, then copied into one of `number_checkpoints`
+    buffers that the first checkpoint allocates; the 4 buffers no block of this 8-block
+    model fills are held until the first backward, in the DES and in the memory report."""
+    run = lambda **kw: simulate(scenario_from_table(contiguous_table(**kw), Path("s.toml"), "s"))  # noqa: E731
+    plain = run()
+    exact = run(contiguous_memory_optimization=True, number_checkpoints=8)
+    spare = run(contiguous_memory_optimization=True, number_checkpoints=12)
+    copies = lambda r: [k for op in r.schedule.ops(0) if isinstance(op, Compute) for k in op.kernels  # noqa: E731
+                        if "contiguous buffer" in k.name]
+    clones = [k for op in plain.schedule.ops(0) if isinstance(op, Compute) for k in op.kernels if "clone" in k.name]
+    assert len(clones) == 8 and not copies(plain) and len(copies(exact)) == 8
+    assert exact.step_time_s > plain.step_time_s
+    checkpoint = clones[0].bytes / 2
+    unused = [op for op in spare.schedule.ops(0) for a in op.alloc if a.label.startswith("unused contiguous")]
+    assert [a.nbytes for a in unused[0].alloc] == [pytest.approx(4 * checkpoint)]
+    report = lambda r: scenario_report(r.scenario).rows[0].activations_bytes  # noqa: E731
+    assert report(spare) - report(exact) == pytest.approx(4 * checkpoint)
+    assert report(exact) == pytest.approx(report(plain))
+
+
+@pytest.mark.parametrize("training, key, words", [
+    ({"contiguous_memory_optimization": True, "number_checkpoints": 8, "partition_activations": False},
+     "training.contiguous_memory_optimization", "with partition_activations = true"),
+    ({"contiguous_memory_optimization": True}, "training.number_checkpoints", "number of checkpoints"),
+])
+def test_contiguous_checkpoints_need_partitions_and_a_count(training, key, words):
+    with pytest.raises(InputError, match=words) as e:
+        scenario_from_table(contiguous_table(**training), Path("s.toml"), "s")
+    assert e.value.key == key
+    pipelined = {**contiguous_table(contiguous_memory_optimization=True, number_checkpoints=4),
+                 "parallel": {"tp": 2, "pp": 2}}
+    with pytest.raises(InputError, match="not simulated yet"):
+        scenario_from_table(pipelined, Path("s.toml"), "s")
