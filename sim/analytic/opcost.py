@@ -85,10 +85,17 @@ def adam_launches(implementation: str, tensors: int) -> int:
 
 
 def cpu_adam_time(params: float, cluster: ClusterSpec, ranks_per_node: int, host_bytes: float = 0.0) -> float:
-    """DeepSpeed CPU-Adam: the node's rate is shared by the ranks stepping at once (reference 5);
-    `host_bytes` of other host-memory traffic at the node's DRAM bandwidth, shared the same way."""
+    """DeepSpeed CPU-Adam: the node's rate is shared by the ranks stepping at once (reference 5),
+    a roofline of its cores (`cpu_adam_params_per_s`, measured: ZeRO-Offload Table 4 and the
+    cluster files' sources) and of the bytes it moves through DRAM (ADAM_BYTES_PER_PARAM per
+    parameter: fp32 master, gradient, m and v read, master, m and v written, the 16-bit copy;
+    csrc/adam/cpu_adam_impl.cpp) at `dram_bandwidth_GBps`; the cores bind on every
+    catalog host (DGX A100: 1.8 G params/s against 13.7 G from 410 GB/s). `host_bytes` of
+    other host-memory traffic at the node's DRAM bandwidth, shared the same way."""
     host = cluster.host
-    return params / (host.cpu_adam_params_per_s / ranks_per_node) + host_bytes / (host.dram_bandwidth / ranks_per_node)
+    cores = params / (host.cpu_adam_params_per_s / ranks_per_node)
+    dram = params * ADAM_BYTES_PER_PARAM / (host.dram_bandwidth / ranks_per_node)
+    return max(cores, dram) + host_bytes / (host.dram_bandwidth / ranks_per_node)
 
 
 def pcie_bandwidth(cluster: ClusterSpec) -> float:

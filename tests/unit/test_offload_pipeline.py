@@ -200,3 +200,12 @@ def test_a_pipeline_stage_that_steps_first_has_the_node_cpu_to_itself_for_a_whil
     adam = lambda r: [sp.end - sp.start for sp in r.engine.spans if isinstance(sp.op, CpuStep) and sp.op.params]  # noqa: E731
     assert min(adam(full)) < 0.99 * min(adam(rep))
     assert full.step_time_s < rep.step_time_s
+
+
+def test_cpu_adam_is_a_roofline_of_the_cores_and_the_dram_bytes():
+    from sim.analytic.opcost import ADAM_BYTES_PER_PARAM, cpu_adam_time
+    c = scenario_from_table(table({"stage": 2, "offload_optimizer": "cpu"}), Path("s.toml"), "s").cluster
+    host = c.host
+    assert cpu_adam_time(1e9, c, 8) == pytest.approx(1e9 / (host.cpu_adam_params_per_s / 8))   # the cores bind
+    slow_dram = replace(c, node=replace(c.node, host=replace(host, dram_bandwidth=20e9)))
+    assert cpu_adam_time(1e9, slow_dram, 8) == pytest.approx(1e9 * ADAM_BYTES_PER_PARAM / (20e9 / 8))
