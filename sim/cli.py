@@ -31,6 +31,7 @@ from sim.cli_checks import (
 )
 from sim.cli_explain import add_explain_args, cmd_explain
 from sim.cli_fit import add_fit_args, cmd_fit
+from sim.cli_plot import add_plot_args, cmd_plot
 from sim.cli_sweep import add_sweep_args, cmd_sweep
 from sim.core import limits as L
 from sim.core.enums import Convention
@@ -113,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Vary scenario keys (dotted, as in the file) over their values, simulate "
                                      "every combination in parallel and print / write the table (pandas).")
     add_sweep_args(swp)
+    plt = sub.add_parser("plot", help="figures of a sweep / search table, or a one-step timeline of a scenario",
+                         description="Throughput or TFLOP/s against GPUs per strategy, step-time and memory "
+                                     "breakdowns, exposed communication against tokens per GPU (from a "
+                                     "zerosim sweep / search table), or a per-rank timeline of one step.")
+    add_plot_args(plt)
     cat = sub.add_parser("catalog", help="list bundled models, hardware and scenarios")
     cat.add_argument("kind", nargs="?", choices=KINDS)
     return parser
@@ -209,7 +215,7 @@ def cmd_validation(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"memory": cmd_memory, "run": cmd_run, "check": cmd_check, "catalog": cmd_catalog, "fit": cmd_fit,
-            "sweep": cmd_sweep, "explain": cmd_explain, "calibrate": cmd_validation, "validate": cmd_validation}
+            "sweep": cmd_sweep, "plot": cmd_plot, "explain": cmd_explain, "calibrate": cmd_validation, "validate": cmd_validation}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

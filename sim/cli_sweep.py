@@ -10,8 +10,9 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from sim.cli_checks import CLI, check_int, check_output_path, scenario_path, written
+from sim.cli_checks import CLI, check_int, check_output_path, image_suffixes, scenario_path, written
 from sim.core.errors import InputError
+from sim.results.study_plots import KINDS, save_table_plot
 from sim.studies.sweep import parse_vary, sweep
 
 SHOWN = ("step_time_s", "tokens_per_s", "mfu", "peak_bytes", "bound", "fits", "reason")
@@ -30,6 +31,10 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
                         "cluster, or --address's scheduler; pip install 'zerosim[dask]'); ray is not supported yet")
     p.add_argument("--address", help="with --backend dask: the scheduler to use (tcp://host:8786)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--plot", metavar="OUT.png", help="also draw the table (.png, .svg, ...): --plot-kind, "
+                   "lines by strategy (sim.results.study_plots; zerosim plot draws the others from --csv)")
+    p.add_argument("--plot-kind", default="throughput", choices=KINDS, help="the figure --plot draws "
+                   "(default throughput: tokens/s against GPUs)")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -40,6 +45,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     jobs = check_int(args.jobs, "--jobs", low=1, high=1024) if args.jobs is not None else None
     csv = check_output_path(args.csv, "--csv", ("csv",)) if args.csv else None
     parquet = check_output_path(args.parquet, "--parquet", ("parquet",)) if args.parquet else None
+    plot = check_output_path(args.plot, "--plot", image_suffixes()) if args.plot else None
     if parquet and importlib.util.find_spec("pyarrow") is None:
         raise InputError(CLI, "--parquet", "needs pyarrow; allowed: pip install pyarrow, or --csv")
     vary: dict[str, list[Any]] = {}
@@ -55,6 +61,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         written(csv, "--csv", lambda p: table.to_csv(p, index=False))
     if parquet:
         written(parquet, "--parquet", lambda p: table.to_parquet(p, index=False))
+    if plot:
+        written(plot, "--plot", lambda p: save_table_plot(table, args.plot_kind, str(p)))
     shown = [c for c in (*vary, *SHOWN) if c in table.columns]
     print(table[shown].to_string(index=False))
     return 0

@@ -26,7 +26,9 @@ import pandas as pd
 from sim.core.errors import InputError, one_line
 from sim.inputs.load import scenario_from_table
 from sim.inputs.reading import parse_toml, read_text
+from sim.inputs.scenario import Scenario
 from sim.simulate import simulate
+from sim.studies.fit_report import engine_label
 
 # the results-contract fields each row carries, flattened ("time.compute_s" -> "compute_s")
 FIELDS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "hw_tflops_per_gpu", "mfu", "bound", "fits")
@@ -89,11 +91,21 @@ def run_point(raw: Mapping[str, Any], source: Path, name: str, assignment: Mappi
     except InputError as error:
         return {**row, "feasible": False, "reason": one_line(str(error))}
     report = result.to_json()
+    s = result.scenario
+    row.update(describe(s))
     row.update({f: report[f] for f in FIELDS})
     row.update({f: report["time"][f] for f in TIME_FIELDS})
     row.update({f: report["memory"][f] for f in MEMORY_FIELDS})
     reason = "" if result.fits else _not_fitting(report)
     return {**row, "feasible": True, "reason": reason}
+
+
+def describe(s: Scenario) -> dict[str, Any]:
+    """What a point is, whatever was varied: GPUs, engine (and ZeRO stage), tp/pp/dp layout,
+    micro-batch and tokens per GPU per optimizer step (the columns the plots group by)."""
+    p, t = s.parallel, s.training
+    return {"gpus": s.world_size, "strategy": engine_label(s), "layout": f"{p.tp}/{p.pp}/{p.dp}",
+            "micro_batch": t.micro_batch, "tokens_per_gpu": t.global_batch * t.seq_len / s.world_size}
 
 
 def _not_fitting(report: Mapping[str, Any]) -> str:
