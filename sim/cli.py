@@ -32,6 +32,7 @@ from sim.cli_checks import (
 from sim.cli_explain import add_explain_args, cmd_explain
 from sim.cli_fit import add_fit_args, cmd_fit
 from sim.cli_plot import add_plot_args, cmd_plot
+from sim.cli_search import add_search_args, cmd_search
 from sim.cli_sweep import add_sweep_args, cmd_sweep
 from sim.core import limits as L
 from sim.core.enums import Convention
@@ -119,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "breakdowns, exposed communication against tokens per GPU (from a "
                                      "zerosim sweep / search table), or a per-rank timeline of one step.")
     add_plot_args(plt)
+    sea = sub.add_parser("search", help="the fastest layouts (tp, pp, dp, micro-batch, recompute, engine) that fit",
+                         description="Enumerate layouts for the scenario's model, cluster and global batch, prune "
+                                     "with the analytic twin (memory, lower bounds on time), simulate the rest by "
+                                     "branch and bound and rank them; every rejected layout has its reason.")
+    add_search_args(sea)
     cat = sub.add_parser("catalog", help="list bundled models, hardware and scenarios")
     cat.add_argument("kind", nargs="?", choices=KINDS)
     return parser
@@ -215,7 +221,7 @@ def cmd_validation(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"memory": cmd_memory, "run": cmd_run, "check": cmd_check, "catalog": cmd_catalog, "fit": cmd_fit,
-            "sweep": cmd_sweep, "plot": cmd_plot, "explain": cmd_explain, "calibrate": cmd_validation, "validate": cmd_validation}
+            "sweep": cmd_sweep, "plot": cmd_plot, "search": cmd_search, "explain": cmd_explain, "calibrate": cmd_validation, "validate": cmd_validation}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,48 @@
+"""Benchmark: `zerosim search` for GPT-3 175B on 128 DGX A100 nodes at a global batch of
+1,536 (scenarios/gpt3-175b_ptd-p_dgx-a100-80gx128.toml), the issue's acceptance case.
+
+Prints the wall time (target: under 2 minutes on 2 cores), the ten best layouts, whether
+they keep tensor parallelism inside a node (as every published layout does), and where
+Megatron's published PTD-P layout (TP 8, PP 16, DP 8, micro-batch 1) ranks against the
+best ZeRO-3 layout (SC21 Table 2 measured PTD-P faster). Run:
+python bench/search_gpt3.py [--top N]. Not a test: about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from sim.studies.search import search
+
+SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b_ptd-p_dgx-a100-80gx128.toml"
+COLUMNS = ["rank", "strategy", "tp", "pp", "dp", "micro_batch", "recompute", "step_time_s", "mfu", "bound_s"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--top", type=int, default=10)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    ranked, rejected = search(SCENARIO, top=args.top)
+    wall = time.perf_counter() - start
+    print(f"wall time {wall:.1f} s; {len(ranked)} ranked, {len(rejected)} rejected")
+    print(ranked.head(args.top)[COLUMNS].to_string(index=False))
+    best = ranked.head(args.top)
+    print(f"best {args.top} keep TP inside a node (tp <= 8): {bool((best['tp'] <= 8).all())}")
+    ptdp = ranked[(ranked["strategy"] == "megatron") & (ranked["tp"] == 8) & (ranked["pp"] == 16)
+                  & (ranked["micro_batch"] == 1)]
+    zero3 = ranked[ranked["strategy"].str.startswith("deepspeed z3")]
+    z3_pruned = rejected[rejected["strategy"].str.startswith("deepspeed z3")
+                         & rejected["reason"].str.startswith("pruned")]
+    if not ptdp.empty:
+        print(f"PTD-P (megatron tp 8 pp 16 dp 8 micro 1): best rank {int(ptdp['rank'].min())}, "
+              f"{ptdp['step_time_s'].min():.2f} s")
+    if not zero3.empty:
+        print(f"best ZeRO-3: rank {int(zero3['rank'].min())}, {zero3['step_time_s'].min():.2f} s")
+    print(f"ZeRO-3 layouts pruned by their lower bound: {len(z3_pruned)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""`zerosim search`: the fastest layouts for a scenario's model, cluster and global batch.
+
+1. Enumerate (`candidates`): tensor parallel degree t (a divisor of the attention and
+   key/value heads, up to two nodes' GPUs), pipeline degree p (a divisor of the layers, up
+   to 64), data parallel d = GPUs / (t p), micro-batch b (1, 2, 4, 8, 16: d b must divide
+   the global batch), recomputation (none, selective, full) and a training engine: Megatron-
+   Core (distributed optimizer, overlapped gradient reduction and parameter gather,
+   sequence parallelism with t > 1), DeepSpeed ZeRO-1 (any t, p; Megatron-DeepSpeed), ZeRO-2
+   and ZeRO-3 (p = 1, as DeepSpeed requires; ZeRO-3 also with CPU optimizer offload), FSDP2
+   (t = p = 1). Each candidate is the scenario's table with those keys set, read by the
+   scenario loader: what a file could not hold is rejected with the loader's reason.
+2. Prune with the analytic twin: the memory report (sim.results.memory_report, an upper
+   estimate of the peak) rejects what does not fit; a lower bound on the step
+   (`lower_bound`: the hardware FLOPs per GPU at the GPU's best kernel efficiency, plus the
+   tensor-parallel collectives on the compute stream, stretched by the 1F1B bubble
+   (m + p - 1) / m) orders the rest.
+3. Simulate in order of the bound (branch and bound): once `top` layouts are simulated, a
+   candidate whose bound is at least the `top`-th best step time cannot enter the ranking
+   and is pruned with both numbers; at most `max_simulations` DES runs.
+
+Every candidate ends up ranked or rejected with its reason."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.analytic import opcost
+from sim.analytic.volumes import tensor_parallel_volume
+from sim.core.enums import Axis, Recompute
+from sim.core.errors import InputError, one_line
+from sim.core.model import ModelSpec
+from sim.core.units import BYTES_PER_ELEMENT
+from sim.des.engine import kernel_time
+from sim.engines.plan import expected_dp_volume, model_of
+from sim.engines.workload import EMBEDDINGS, Shape, units
+from sim.inputs.load import hardware_of, scenario_from_table
+from sim.inputs.reading import parse_toml, read_text
+from sim.inputs.scenario import Scenario
+from sim.results.memory_report import scenario_report
+from sim.simulate import simulate
+from sim.studies.sweep import FIELDS, MEMORY_FIELDS, TIME_FIELDS, describe
+
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+RECOMPUTE = ("none", "selective", "full")
+MAX_PP = 64
+ENGINE_KEYS = ("engine", "zero", "fsdp", "ddp", "megatron", "deepspeed", "aio")
+STRATEGIES: dict[str, dict[str, Any]] = {   # label: the scenario keys that choose the engine
+    "megatron": {"engine": "megatron", "megatron": {"distributed_optimizer": True, "overlap_grad_reduce": True,
+                                                    "overlap_param_gather": True}},
+    "deepspeed z1": {"zero": {"stage": 1}},
+    "deepspeed z2": {"zero": {"stage": 2, "overlap_comm": True}},
+    "deepspeed z3": {"zero": {"stage": 3}},
+    "deepspeed z3+offload": {"zero": {"stage": 3, "offload_optimizer": "cpu"}},
+    "fsdp2": {"fsdp": {}},
+}
+PIPELINE_ENGINES = ("megatron", "deepspeed z1")      # DeepSpeed refuses ZeRO-2/3 with pipelines
+TENSOR_ENGINES = ("megatron", "deepspeed z1", "deepspeed z2", "deepspeed z3", "deepspeed z3+offload")
+
+
+@dataclass
+class Outcome:
+    """One candidate: its keys, and either a result row or the reason it has none."""
+
+    keys: dict[str, Any]
+    scenario: Scenario | None = None
+    bound_s: float = math.nan
+    row: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+
+
+def divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def candidates(m: ModelSpec, world: int, gpn: int, batch: int,
+               strategies: Iterable[str] = tuple(STRATEGIES)) -> list[dict[str, Any]]:
+    """The keys of every layout of `world` GPUs (`gpn` per node) to consider for model `m`
+    at a global batch of `batch` sequences (module docstring)."""
+    out = []
+    for tp in divisors(math.gcd(m.heads, m.kv_heads), 2 * gpn):
+        for pp in divisors(m.layers, MAX_PP):
+            if world % (tp * pp):
+                continue
+            dp = world // (tp * pp)
+            for strategy in strategies:
+                if (pp > 1 and strategy not in PIPELINE_ENGINES) or (tp > 1 and strategy not in TENSOR_ENGINES):
+                    continue
+                for micro in MICRO_BATCHES:
+                    if batch % (micro * dp):
+                        continue
+                    for recompute in RECOMPUTE:
+                        out.append({"strategy": strategy, "tp": tp, "pp": pp, "dp": dp, "micro_batch": micro,
+                                    "recompute": recompute})
+    return out
+
+
+def table_of(raw: Mapping[str, Any], keys: Mapping[str, Any]) -> dict[str, Any]:
+    """The base scenario table with the candidate's layout and engine."""
+    table = {k: v for k, v in raw.items() if k not in ENGINE_KEYS}
+    parallel = {k: v for k, v in dict(raw.get("parallel") or {}).items() if k not in ("tp", "pp", "dp")}
+    parallel.update(tp=keys["tp"], pp=keys["pp"])
+    if keys["strategy"] == "megatron" and keys["tp"] > 1:
+        parallel["sequence_parallel"] = True
+    elif "sequence_parallel" in parallel and keys["tp"] == 1:
+        del parallel["sequence_parallel"]
+    training = {k: v for k, v in dict(raw.get("training") or {}).items() if k not in ("grad_accum", "micro_batch")}
+    training.update(micro_batch=keys["micro_batch"], recompute=keys["recompute"])
+    if keys["recompute"] != "full":
+        for key in ("recompute_method", "recompute_num_layers", "cpu_checkpointing", "contiguous_memory_optimization",
+                    "number_checkpoints"):
+            training.pop(key, None)
+    return {**table, "parallel": parallel, "training": training, **STRATEGIES[keys["strategy"]]}
+
+
+def lower_bound(s: Scenario) -> float:
+    """A step time the DES cannot beat: the slowest pipeline stage's kernels for one
+    micro-batch (forward, backward and what recomputation runs again, each kernel at
+    sim.analytic.kernel_time: the DES runs these and more) plus its tensor-parallel
+    collectives at their group's bus bandwidth (on the compute stream, not overlapped),
+    times m + p - 1 for m micro-batches and p stages (1F1B); or, if longer, the
+    data-parallel collectives' bytes at their bus bandwidth (`data_parallel_time`)."""
+    m, t, p, c = s.model, s.training, s.parallel, s.cluster
+    per_micro = max(stage_kernel_time(s, k) for k in {0, p.pp - 1})
+    plan = t.recompute_plan
+    blocks = m.layers // p.pp
+    tp_bytes = sum(tensor_parallel_volume(blocks, False, p.tp, seq_len=t.seq_len, micro_batch=t.micro_batch,
+                                          hidden=m.hidden, elem=BYTES_PER_ELEMENT[t.precision.value],
+                                          grad_accum=1, sequence_parallel=p.sequence_parallel,
+                                          recomputed=plan.recomputed(blocks) if plan else 0).values())
+    if tp_bytes:
+        shape = opcost.GroupShape(p.tp, -(-p.tp // s.gpus_per_node), min(p.tp, s.gpus_per_node))
+        per_micro += tp_bytes / min(opcost.link_capacity(link, c) * mult for link, mult in opcost.ring_links(shape))
+    return max(per_micro * (t.grad_accum + p.pp - 1), data_parallel_time(s))
+
+
+def stage_kernel_time(s: Scenario, stage: int) -> float:
+    """Seconds of kernels pipeline stage `stage` runs per micro-batch: its blocks' forward,
+    input and weight gradients, the forwards full recomputation repeats (or the attention
+    cores selective recomputation repeats), and the embedding (first stage) or final norm,
+    head and loss (last stage)."""
+    m, t, p = s.model, s.training, s.parallel
+    shape = Shape(t.seq_len, t.micro_batch, p.tp, BYTES_PER_ELEMENT[t.precision.value], s.compute.kernels,
+                  s.compute.attention, p.sequence_parallel)
+    per = m.layers // p.pp
+    first, plan = stage * per, t.recompute_plan
+    recomputed = {first + b for seg in plan.segments(per) for b in seg} if plan else set()
+    total = 0.0
+    for u in units(m, shape):
+        if u.block is not None and not first <= u.block < first + per:
+            continue
+        if u.block is None and stage != (0 if u.role in EMBEDDINGS else p.pp - 1):
+            continue
+        kernels = u.passes.forward + u.passes.backward_input + u.passes.backward_weight
+        if u.block in recomputed:
+            kernels += u.passes.forward
+        elif t.recompute is Recompute.SELECTIVE:
+            kernels += u.selective
+        total += sum(kernel_time(k, s) for k in kernels)
+    return total
+
+
+def data_parallel_time(s: Scenario) -> float:
+    """The data-parallel collectives' bytes per rank (the analytic twin's volumes,
+    sim.engines.plan.expected_dp_volume) at the bus bandwidth of the group's ring: however
+    they overlap with compute or with each other, the rank's links cannot move them faster."""
+    p = s.parallel
+    if p.dp <= 1:
+        return 0.0
+    per_node = max(1, s.gpus_per_node // p.tp) if p.tp < s.gpus_per_node else 1
+    shape = opcost.GroupShape(p.dp, -(-p.dp // per_node), min(per_node, p.dp))
+    bandwidth = s.comm.override(Axis.DP) or min(opcost.link_capacity(link, s.cluster) * mult
+                                                for link, mult in opcost.ring_links(shape))
+    return sum(expected_dp_volume(s).values()) / bandwidth
+
+
+def screen(raw: Mapping[str, Any], source: Path, keys: dict[str, Any]) -> Outcome:
+    """A candidate read as a scenario, checked by its engine, its memory estimated: an
+    Outcome with its lower bound, or with the reason it is rejected."""
+    out = Outcome(keys)
+    try:
+        s = scenario_from_table(table_of(raw, keys), source, source.stem)
+        model_of(s)
+        report = scenario_report(s)
+    except InputError as error:
+        out.reason = f"invalid: {one_line(error.problem)}"
+        return out
+    own = report.rows[report.this_stage] if report.this_stage is not None else None
+    if own is not None and not own.fits:
+        limit = report.device_memory_bytes or 0.0
+        out.reason = f"does not fit (memory estimate): {own.total_bytes / 1e9:.1f} GB > {limit / 1e9:.1f} GB"
+        return out
+    out.scenario, out.bound_s = s, lower_bound(s)
+    return out
+
+
+def evaluate(out: Outcome) -> Outcome:
+    """Simulate a screened candidate; a layout that runs out of memory is rejected."""
+    assert out.scenario is not None
+    result = simulate(out.scenario)
+    report = result.to_json()
+    row = {**describe(out.scenario), **{f: report[f] for f in FIELDS}}
+    row.update({f: report["time"][f] for f in TIME_FIELDS})
+    row.update({f: report["memory"][f] for f in MEMORY_FIELDS})
+    out.row = row
+    if not result.fits:
+        out.reason = "does not fit (simulated): peak {:.1f} GB".format(report["memory"]["peak_bytes"] / 1e9)
+    return out
+
+
+def search(scenario: str | Path, *, top: int = 10, max_simulations: int = 64,
+           strategies: Iterable[str] = tuple(STRATEGIES),
+           progress: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(ranked layouts, rejected layouts with their reasons) for the scenario file's model,
+    cluster, nodes, sequence length, global batch and precision (module docstring)."""
+    path = Path(scenario)
+    raw = parse_toml(read_text(path), path)
+    model, _, nodes, gpn = hardware_of(raw, path)
+    batch = (raw.get("training") or {}).get("global_batch")
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise InputError(path, "training.global_batch", "a search keeps the global batch and varies the rest; "
+                         "allowed: an integer > 0")
+    if top < 1 or max_simulations < 1:
+        raise InputError(path, "top", "allowed: --top and --max-simulations at least 1")
+    outcomes = [screen(raw, path, keys) for keys in candidates(model, nodes * gpn, gpn, batch, strategies)]
+    open_ = sorted((o for o in outcomes if not o.reason), key=lambda o: (o.bound_s, _order(o.keys)))
+    if progress:
+        progress(f"{len(outcomes)} layouts, {len(open_)} fit the memory estimate; simulating by lower bound")
+    ranked: list[Outcome] = []
+    runs = 0
+    for o in open_:
+        kth = sorted(r.row["step_time_s"] for r in ranked)[top - 1] if len(ranked) >= top else math.inf
+        if o.bound_s >= kth:
+            o.reason = f"pruned: lower bound {o.bound_s:.4g} s >= the {top}th best simulated step {kth:.4g} s"
+            continue
+        if runs >= max_simulations:
+            o.reason = f"not simulated: {max_simulations} simulations done (lower bound {o.bound_s:.4g} s)"
+            continue
+        runs += 1
+        evaluate(o)
+        if not o.reason:
+            ranked.append(o)
+        if progress:
+            progress(f"{runs} simulated: {_describe(o.keys)} {o.row.get('step_time_s', math.nan):.4g} s")
+    return _ranked_frame(ranked, top), _rejected_frame(outcomes, ranked, top)
+
+
+def _order(keys: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (list(STRATEGIES).index(keys["strategy"]), keys["tp"], keys["pp"], keys["micro_batch"],
+            RECOMPUTE.index(keys["recompute"]))
+
+
+def _describe(keys: Mapping[str, Any]) -> str:
+    return (f"{keys['strategy']} tp {keys['tp']} pp {keys['pp']} dp {keys['dp']} micro {keys['micro_batch']} "
+            f"recompute {keys['recompute']}")
+
+
+def _ranked_frame(ranked: list[Outcome], top: int) -> pd.DataFrame:
+    best = sorted(ranked, key=lambda o: (o.row["step_time_s"], _order(o.keys)))
+    rows = [{"rank": i + 1, **o.keys, "bound_s": o.bound_s, **o.row} for i, o in enumerate(best)]
+    return pd.DataFrame(rows)
+
+
+def _rejected_frame(outcomes: list[Outcome], ranked: list[Outcome], top: int) -> pd.DataFrame:
+    shown = {id(o) for o in sorted(ranked, key=lambda o: o.row["step_time_s"])}
+    rows = [{**o.keys, "bound_s": o.bound_s, "reason": o.reason, **({"step_time_s": o.row["step_time_s"]}
+                                                                  if o.row else {})}
+            for o in outcomes if id(o) not in shown]
+    return pd.DataFrame(rows)

@@ -1,0 +1,73 @@
+"""`zerosim search`: every candidate layout ends ranked or rejected with its reason; the
+analytic lower bound never exceeds the simulated step; pruning only drops layouts whose
+bound cannot enter the ranking."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sim.cli import main
+from sim.inputs.models import model_from_table
+from sim.studies.search import candidates, search
+
+SCENARIO = """
+# Which layout trains this small model fastest on two DGX A100 nodes?
+model = { name = "small", layers = 8, hidden = 2048, heads = 16, kv_heads = 16, ffn_hidden = 5504, vocab = 32000 }
+cluster = "dgx-a100-80g"
+nodes = 2
+[training]
+seq_len = 2048
+global_batch = 64
+micro_batch = 1
+precision = "bf16"
+[zero]
+stage = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    path = tmp_path_factory.mktemp("search") / "small.toml"
+    path.write_text(SCENARIO)
+    return path, *search(path, top=3, max_simulations=8)
+
+
+def test_every_candidate_is_ranked_or_rejected_with_a_reason(searched):
+    path, ranked, rejected = searched
+    m = model_from_table({"name": "small", "layers": 8, "hidden": 2048, "heads": 16, "kv_heads": 16,
+                          "ffn_hidden": 5504, "vocab": 32000}, "x", "model.")
+    assert len(ranked) + len(rejected) == len(candidates(m, 16, 8, 64)) > 100
+    assert (rejected["reason"].str.len() > 0).all()
+    kinds = {r.split(":")[0] for r in rejected["reason"]}
+    assert kinds <= {"invalid", "does not fit (memory estimate)", "does not fit (simulated)", "pruned",
+                     "not simulated"}
+    assert list(ranked["rank"]) == list(range(1, len(ranked) + 1))
+    assert list(ranked["step_time_s"]) == sorted(ranked["step_time_s"])
+    assert ranked["fits"].all() and len(ranked) >= 3
+
+
+def test_the_bound_is_a_lower_bound_and_pruning_keeps_the_best(searched):
+    _, ranked, rejected = searched
+    assert (ranked["bound_s"] <= ranked["step_time_s"] * (1 + 1e-9)).all()
+    fourth = sorted(ranked["step_time_s"])[2]
+    pruned = rejected[rejected["reason"].str.startswith("pruned")]
+    assert (pruned["bound_s"] >= fourth * (1 - 1e-9)).all()
+    assert len(pruned) > 0
+
+
+def test_the_command_prints_the_ranking_and_json(searched, capsys, tmp_path):
+    path, ranked, _ = searched
+    out = tmp_path / "all.csv"
+    assert main(["search", str(path), "--top", "2", "--max-simulations", "3", "--json", "--quiet",
+                 "--csv", str(out)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["ranked"]) == 2 and all(r["reason"] for r in data["rejected"])
+    assert data["ranked"][0]["step_time_s"] <= data["ranked"][-1]["step_time_s"]
+    assert out.read_text().count("\n") > 100
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SCENARIO.replace("global_batch = 64\n", ""))
+    assert main(["search", str(bad), "--quiet"]) == 2
+    assert "training.global_batch" in capsys.readouterr().err
+    assert main(["search", str(path), "--strategies", "megatron,warp"]) == 2
