@@ -112,10 +112,15 @@ def outside_layers_activation_bytes(m: ModelSpec, seq_len: int, batch: int, *, t
     return mask + 2.0 * value_bytes * s * b * h + 4.0 * s * b * m.vocab / tp
 
 
-def inflight_microbatches(pp: int, grad_accum: int, stage: int = 0) -> int:
-    """Micro-batches whose activations pipeline stage `stage` holds at once under 1F1B:
-    min(pp - stage, m) (Narayanan et al., arXiv 2104.04473 Sec. 2.2)."""
-    return max(1, min(pp - stage, grad_accum))
+def inflight_microbatches(pp: int, grad_accum: int, stage: int = 0, virtual_stages: int = 1) -> int:
+    """Micro-batches (model-chunk passes with interleaving) whose activations pipeline stage
+    `stage` holds at once: under 1F1B min(pp - stage, m) (Narayanan et al., arXiv 2104.04473
+    Sec. 2.2); under interleaved 1F1B with v chunks its warm-up forwards and one more,
+    min(2 (pp - stage - 1) + (v - 1) pp + 1, m v), each of L / (pp v) layers
+    (megatron/core/pipeline_parallel/schedules.py, sim.engines.policies.Interleaved)."""
+    if virtual_stages == 1:
+        return max(1, min(pp - stage, grad_accum))
+    return max(1, min(2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1, grad_accum * virtual_stages))
 
 
 def checkpoint_bytes(layers: int, seq_len: int, batch: int, hidden: int, *, tp: int = 1,

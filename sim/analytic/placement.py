@@ -54,6 +54,27 @@ def rank_tensors(m: ModelSpec, tp: int, pp: int, stage: int, *, trainable_only: 
     return out
 
 
+def chunk_tensors(m: ModelSpec, tp: int, pp: int, chunks: int, stage: int) -> list[list[int]]:
+    """Numel on one TP rank of every tensor of pipeline stage `stage`, by its local model
+    chunk (interleaved 1F1B: the model cut into pp x chunks pieces of L / (pp chunks) blocks,
+    stage k holding pieces k, k + pp, ...; the embedding in the first piece, the head in
+    the last), in forward order; rank_tensors' split rule."""
+    per = m.layers // (pp * chunks)
+    out: list[list[int]] = [[] for _ in range(chunks)]
+    for mod in module_tree(m):
+        if mod.block is not None:
+            piece = mod.block // per
+            if piece % pp != stage:
+                continue
+            local = piece // pp
+        elif stage == (0 if mod.kind == "embedding" else pp - 1):
+            local = 0 if mod.kind == "embedding" else chunks - 1
+        else:
+            continue
+        out[local] += [t.numel if mod.kind == "norm" or tp == 1 else -(-t.numel // tp) for t in mod.tensors]
+    return out
+
+
 def rank_grad_shapes(m: ModelSpec, tp: int, pp: int, stage: int) -> list[tuple[int, int]]:
     """(numel on one TP rank, dimensions) of every tensor of pipeline stage `stage` that gets
     a gradient, in rank_tensors' order."""

@@ -355,7 +355,7 @@ class EventEngine:
         """A pipeline send: the activation (or its gradient) crosses to the neighbouring stage."""
         yield from self._transfer(send_transfers(op, rank, self.layout, self.scenario))
         c = self.layout.coords(rank)
-        receiver = self.layout.rank(type(c)(c.dp, c.pp + op.peer, c.tp))
+        receiver = self.layout.rank(type(c)(c.dp, (c.pp + op.peer) % self.layout.pp, c.tp))
         slot = self._send_slot(step, op.tag, receiver)
         slot.op, slot.time = op, self.env.now
         slot.arrived.succeed()

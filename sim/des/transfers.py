@@ -44,7 +44,7 @@ def send_transfers(op: Send, rank: int, layout: Layout, s: Scenario) -> list[Tra
     """A pipeline send: a two-member ring between this stage and the neighbouring one,
     over the sender's ports (the bus-bandwidth override of the pipeline axis, if any)."""
     c = layout.coords(rank)
-    receiver = layout.rank(type(c)(c.dp, c.pp + op.peer, c.tp))
+    receiver = layout.rank(type(c)(c.dp, (c.pp + op.peer) % layout.pp, c.tp))
     nodes, per_node = layout.span((rank, receiver))
     phases = opcost.collective_phases(op.coll, op.nbytes, opcost.GroupShape(2, nodes, per_node), s.cluster)
     override = s.comm.override(op.axis)

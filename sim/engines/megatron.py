@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from functools import cached_property
 
-from sim.analytic.placement import TensorGroup, census_numel, rank_tensors
+from sim.analytic.placement import TensorGroup, census_numel, chunk_tensors
 from sim.analytic.volumes import megatron_engine_volume
 from sim.core.enums import Axis, Coll, Engine, ScheduleMode
 from sim.core.errors import InputError
@@ -48,7 +48,7 @@ from sim.engines.layout import Layout
 from sim.engines.model import EngineModel
 from sim.engines.policies import GpuAdam
 from sim.engines.resident import Resident, resident
-from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, PipeTag, Stream
+from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, Stream
 from sim.engines.skeleton import B, F, Planner, Use
 from sim.inputs.scenario import Scenario
 from sim.inputs.scenario_tables import MegatronConfig
@@ -72,17 +72,27 @@ def grad_bytes(s: Scenario) -> int:
     return BYTES_PER_ELEMENT[grad_dtype(s)]
 
 
-def bucket_capacity(s: Scenario, stage: int) -> int | None:
-    """Elements per bucket: one bucket without overlap and on every stage but the first."""
+def bucket_capacity(s: Scenario, stage: int, chunk: int = 0) -> int | None:
+    """Elements per bucket: one bucket without overlap, on every stage but the first, and in
+    every model chunk but the first (megatron/training/training.py `get_model`:
+    `disable_bucketing=(model_chunk_idx > 0)`; DDP drops bucketing on pipeline ranks > 0)."""
     c = config(s)
-    if not c.overlap_grad_reduce or stage > 0:
+    if not c.overlap_grad_reduce or stage > 0 or chunk > 0:
         return None
     return megatron_bucket_size(s.parallel.dp, c.bucket_size)
 
 
-def stage_buckets(s: Scenario, numels_backward: list[int], stage: int) -> list[MegatronBucket]:
-    return megatron_buckets(numels_backward, bucket_capacity(s, stage), dp=s.parallel.dp,
-                            distributed_optimizer=config(s).distributed_optimizer)
+def stage_buckets(s: Scenario, numels_by_chunk: list[list[int]], stage: int) -> list[MegatronBucket]:
+    """The stage's buckets, each model chunk its own DDP buffer (interleaved 1F1B); the
+    chunks' lists in backward order (the last chunk first), tensors indexed across them."""
+    out, offset = [], 0
+    for chunk in reversed(range(len(numels_by_chunk))):
+        numels = numels_by_chunk[chunk]
+        out += [MegatronBucket(bk.start + offset, bk.stop + offset, bk.elements)
+                for bk in megatron_buckets(numels, bucket_capacity(s, stage, chunk), dp=s.parallel.dp,
+                                           distributed_optimizer=config(s).distributed_optimizer)]
+        offset += len(numels)
+    return out
 
 
 class MegatronPlanner(Planner):
@@ -94,7 +104,10 @@ class MegatronPlanner(Planner):
         self.c = config(s)
         self.grad_bytes = grad_bytes(s)
         order = [(gi, n) for gi in reversed(range(len(self.granules))) for n in reversed(self.granules[gi].tensors)]
-        self.buckets = stage_buckets(s, [n for _, n in order], stage)
+        by_chunk: list[list[int]] = [[] for _ in range(self.v)]
+        for gi, n in order:
+            by_chunk[self.chunk_of(self.granules[gi])].append(n)
+        self.buckets = stage_buckets(s, by_chunk, stage)
         # the granule whose backward readies a bucket's last gradient, which is also the first
         # granule of the bucket the next forward needs: the lowest granule index in it
         self.owner = [min(order[i][0] for i in range(bk.start, bk.stop)) for bk in self.buckets]
@@ -127,7 +140,7 @@ class MegatronPlanner(Planner):
         as its compute does."""
         super().receive(ms, direction)
         if self.tp_overlap and self.receives(direction):
-            self.b.stream_receive(Stream.TP, PipeTag(direction, ms))
+            self.b.stream_receive(Stream.TP, self.incoming(direction, ms))
 
     def send(self, ms: int, direction: Direction) -> None:
         """A pipeline send leaves after the TP collectives that finish its tensor."""
@@ -262,8 +275,9 @@ def megatron_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
 def megatron_volume(s: Scenario) -> dict[str, float]:
     """Gradient buckets once per step (all-reduce, or reduce-scatter + parameter all-gather
     with the distributed optimizer) and the clipping norm (sim.analytic.volumes)."""
-    numels = [n for n, _ in reversed(rank_tensors(s.model, s.parallel.tp, s.parallel.pp, 0))]
-    padded = sum(bk.elements for bk in stage_buckets(s, numels, 0))
+    p = s.parallel
+    chunks = chunk_tensors(s.model, p.tp, p.pp, p.virtual_stages, 0)
+    padded = sum(bk.elements for bk in stage_buckets(s, [list(reversed(c)) for c in chunks], 0))
     return megatron_engine_volume(padded, s.parallel.dp, grad_bytes=grad_bytes(s),
                                   param_bytes=BYTES_PER_ELEMENT[s.training.precision.value],
                                   distributed_optimizer=config(s).distributed_optimizer,

@@ -33,29 +33,62 @@ class Part(StrEnum):
 
 
 class PipelineOrder(Protocol):
-    def order(self, micro_steps: int, stages: int, stage: int) -> list[tuple[int, Part]]: ...
+    def order(self, micro_steps: int, stages: int, stage: int) -> list[tuple[int, Part, int]]:
+        """(micro-step, part, local model chunk) in the order stage `stage` runs them."""
+        ...
 
 
 class Sequential:
     """No pipeline: each micro-step's forward and backward, one micro-step after another."""
 
-    def order(self, micro_steps: int, stages: int, stage: int) -> list[tuple[int, Part]]:
-        return [(i, Part.BOTH) for i in range(micro_steps)]
+    def order(self, micro_steps: int, stages: int, stage: int) -> list[tuple[int, Part, int]]:
+        return [(i, Part.BOTH, 0) for i in range(micro_steps)]
 
 
 class OneFOneB:
     """1F1B (PipeDream-Flush, Narayanan et al. 2021 Sec. 2.2): stage k runs p - k - 1 warm-up
     forwards, then one forward and one backward in turn, then the remaining backwards."""
 
-    def order(self, micro_steps: int, stages: int, stage: int) -> list[tuple[int, Part]]:
+    def order(self, micro_steps: int, stages: int, stage: int) -> list[tuple[int, Part, int]]:
         warmup = min(stages - stage - 1, micro_steps)
-        order = [(i, Part.FORWARD) for i in range(warmup)]
+        order = [(i, Part.FORWARD, 0) for i in range(warmup)]
         for i in range(micro_steps - warmup):
-            order += [(warmup + i, Part.FORWARD), (i, Part.BACKWARD)]
-        return order + [(i, Part.BACKWARD) for i in range(micro_steps - warmup, micro_steps)]
+            order += [(warmup + i, Part.FORWARD, 0), (i, Part.BACKWARD, 0)]
+        return order + [(i, Part.BACKWARD, 0) for i in range(micro_steps - warmup, micro_steps)]
 
 
-def pipeline_order(stages: int) -> PipelineOrder:
+@dataclass(frozen=True, slots=True)
+class Interleaved:
+    """Megatron's interleaved 1F1B (Narayanan et al. 2021 Sec. 2.2; megatron/core/
+    pipeline_parallel/schedules.py `forward_backward_pipelining_with_interleaving`): each
+    stage holds `chunks` model chunks and runs m x chunks forward and backward passes. Pass i
+    (in issue order, forward or backward) is of chunk (i mod (p chunks)) // p (backward:
+    counted from the last chunk) and of micro-batch (i // (p chunks)) p + i mod p; stage k
+    runs 2 (p - k - 1) + (chunks - 1) p warm-up forwards, then one forward and one backward
+    in turn, then the remaining backwards. The bubble is (p - 1) / chunks micro-batch passes
+    of the non-interleaved schedule."""
+
+    chunks: int
+
+    def order(self, micro_steps: int, stages: int, stage: int) -> list[tuple[int, Part, int]]:
+        total = micro_steps * self.chunks
+        warmup = min(2 * (stages - stage - 1) + (self.chunks - 1) * stages, total)
+
+        def at(i: int, part: Part) -> tuple[int, Part, int]:
+            group = stages * self.chunks
+            chunk = (i % group) // stages
+            if part is Part.BACKWARD:
+                chunk = self.chunks - 1 - chunk
+            return (i // group) * stages + i % stages, part, chunk
+        order = [at(i, Part.FORWARD) for i in range(warmup)]
+        for i in range(total - warmup):
+            order += [at(warmup + i, Part.FORWARD), at(i, Part.BACKWARD)]
+        return order + [at(i, Part.BACKWARD) for i in range(total - warmup, total)]
+
+
+def pipeline_order(stages: int, chunks: int = 1) -> PipelineOrder:
+    if chunks > 1:
+        return Interleaved(chunks)
     return OneFOneB() if stages > 1 else Sequential()
 
 

@@ -75,13 +75,16 @@ class Direction(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class PipeTag:
-    """What a pipeline receive waits for: the send of micro-step `micro_step` in `direction`."""
+    """What a pipeline receive waits for: the send of micro-step `micro_step` in `direction`
+    by model chunk `chunk` (the sender's place in the whole pipeline: stage, or with
+    interleaving local chunk x pp + stage)."""
 
     direction: Direction
     micro_step: int
+    chunk: int = 0
 
     def __str__(self) -> str:
-        return f"{self.direction.value}{self.micro_step}"
+        return f"{self.direction.value}{self.micro_step}" + (f"c{self.chunk}" if self.chunk else "")
 
 
 @dataclass(slots=True, kw_only=True)

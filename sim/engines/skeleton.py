@@ -62,6 +62,9 @@ class Planner:
     def __init__(self, s: Scenario, layout: Layout, stage: int = 0, granules: Sequence[Unit] | None = None) -> None:
         self.s, self.layout, self.stage_index = s, layout, stage
         self.m, self.t, self.dp = s.model, s.training, layout.dp
+        self.v = s.parallel.virtual_stages                  # model chunks per stage (interleaved 1F1B)
+        self.per_chunk = self.m.layers // (layout.pp * self.v)
+        self.chunk = 0                                      # the local model chunk being planned
         self.b = Builder()
         self._activation_bytes: dict[act.Recompute, float] = {}
         all_units = units(self.m, Shape(self.t.seq_len, self.t.micro_batch, layout.tp,
@@ -76,11 +79,25 @@ class Planner:
 
     def _on_this_stage(self, g: Unit) -> bool:
         """Pipeline stage k holds blocks [k L/pp, (k+1) L/pp); the first also the embedding,
-        the last the final norm and head (Megatron's uniform split)."""
-        pp, per = self.layout.pp, self.m.layers // self.layout.pp
+        the last the final norm and head (Megatron's uniform split). With v model chunks per
+        stage (interleaved 1F1B) the model is cut into p v chunks of L / (p v) blocks and
+        stage k holds chunks k, k + p, k + 2p, ... (megatron/core/transformer/
+        transformer_block.py `get_num_layers_to_build`, its layer offset)."""
+        pp = self.layout.pp
         if g.block is not None:
-            return g.block // per == self.stage_index
+            return (g.block // self.per_chunk) % pp == self.stage_index
         return self.stage_index == (0 if g.role in EMBEDDINGS else pp - 1)
+
+    def chunk_of(self, g: Unit) -> int:
+        """The local model chunk of granule `g` (the embedding in the first, the head in the last)."""
+        if g.block is None:
+            return 0 if g.role in EMBEDDINGS else self.v - 1
+        return (g.block // self.per_chunk) // self.layout.pp
+
+    @property
+    def global_chunk(self) -> int:
+        """The chunk being planned, counted along the whole pipeline."""
+        return self.chunk * self.layout.pp + self.stage_index
 
     # -- sizes -----------------------------------------------------------------------------
     def elem(self, dtype: str) -> int:
@@ -149,11 +166,12 @@ class Planner:
         plan = self.t.recompute_plan
         if plan is None:
             return {}
-        first = self.stage_index * (self.m.layers // self.layout.pp)
         out = {}
-        for local in plan.segments(self.m.layers // self.layout.pp):
-            segment = range(first + local.start, first + local.stop)
-            out.update({b: segment for b in segment})
+        for chunk in range(self.v):   # recomputation is planned per model chunk (each its own block list)
+            first = (chunk * self.layout.pp + self.stage_index) * self.per_chunk
+            for local in plan.segments(self.per_chunk):
+                segment = range(first + local.start, first + local.stop)
+                out.update({b: segment for b in segment})
         return out
 
     @cached_property
@@ -183,7 +201,8 @@ class Planner:
     def build(self) -> Schedule:
         self.resident()
         self.start_of_step()
-        for ms, part in self.pipeline_order():
+        for ms, part, chunk in self.pipeline_order():
+            self.chunk = chunk
             if part is not Part.BACKWARD:
                 self.part(ms, Direction.FORWARD)
             if part is not Part.FORWARD:
@@ -195,16 +214,20 @@ class Planner:
         """The forward or the backward of micro-step `ms`: receive, the uses, send (and the
         end-of-backward hook); replayed from an identical earlier part when there is one."""
         key = self.part_key(ms, direction)
+        if key is not None and self.v > 1:
+            key = (self.chunk, key)
         if key is not None and self.b.replay((direction, key), ms):
             return
         self.b.begin_part()
         uses = self.trace(ms)
+        if self.v > 1:   # this model chunk's granules only
+            uses = [u for u in uses if self.chunk_of(self.granules[u.index]) == self.chunk]
         split = next(i for i, u in enumerate([*uses, Use(B, -1, ms)]) if u.what is not F)
         self.receive(ms, direction)
         for use in uses[:split] if direction is Direction.FORWARD else uses[split:]:
             self.emit(use)
         self.send(ms, direction)
-        if direction is Direction.BACKWARD:
+        if direction is Direction.BACKWARD and self.chunk == 0:   # the micro-step's last backward chunk
             self.end_of_backward(ms)
         if key is not None:
             self.b.end_part((direction, key), ms)
@@ -216,33 +239,43 @@ class Planner:
         checks every planner that does against planning every part."""
         return None
 
-    def pipeline_order(self) -> list[tuple[int, Part]]:
-        """Micro-batch order of this stage (sim.engines.policies: 1F1B with pipelining)."""
-        return pipeline_order(self.layout.pp).order(self.t.grad_accum, self.layout.pp, self.stage_index)
+    def pipeline_order(self) -> list[tuple[int, Part, int]]:
+        """Micro-batch (and model chunk) order of this stage (sim.engines.policies: 1F1B with
+        pipelining, interleaved with virtual stages)."""
+        return pipeline_order(self.layout.pp, self.v).order(self.t.grad_accum, self.layout.pp, self.stage_index)
 
     def activation_bytes_between_stages(self) -> float:
         p = self.s.parallel
         return 2.0 * self.t.seq_len * self.t.micro_batch * self.m.hidden / (p.tp if p.sequence_parallel else 1)
 
     def receives(self, direction: Direction) -> bool:
-        """Does this stage's pass in `direction` start from a neighbouring stage's send?"""
-        last = self.layout.pp - 1
-        return (direction is Direction.FORWARD and self.stage_index > 0) or \
-            (direction is Direction.BACKWARD and self.stage_index < last)
+        """Does this stage's pass in `direction` (of the chunk being planned) start from a
+        neighbouring stage's send?"""
+        last = self.layout.pp * self.v - 1
+        return (direction is Direction.FORWARD and self.global_chunk > 0) or \
+            (direction is Direction.BACKWARD and self.global_chunk < last)
+
+    def incoming(self, direction: Direction, ms: int) -> PipeTag:
+        """The send a pass in `direction` waits for: the previous chunk's forward, or the
+        next chunk's backward, along the whole pipeline."""
+        return PipeTag(direction, ms, self.global_chunk + (-1 if direction is Direction.FORWARD else 1))
 
     def receive(self, ms: int, direction: Direction) -> None:
         """The next compute op waits for the neighbouring stage's send."""
         if self.receives(direction):
-            self.b.stream_receive(Stream.COMPUTE, PipeTag(direction, ms))
+            self.b.stream_receive(Stream.COMPUTE, self.incoming(direction, ms))
 
     def send(self, ms: int, direction: Direction) -> None:
-        last = self.layout.pp - 1
+        """Activations to the next chunk's stage, gradients to the previous one's (wrapping
+        from the last stage to the first between interleaved chunks)."""
+        last = self.layout.pp * self.v - 1
         forward = direction is Direction.FORWARD
-        if (forward and self.stage_index < last) or (not forward and self.stage_index > 0):
+        if (forward and self.global_chunk < last) or (not forward and self.global_chunk > 0):
             peer = 1 if forward else -1
-            self.b.send(f"send {'activations' if forward else 'gradients'} to stage {self.stage_index + peer}",
+            to = (self.stage_index + peer) % self.layout.pp
+            self.b.send(f"send {'activations' if forward else 'gradients'} to stage {to}",
                         Phase.FWD if forward else Phase.BWD, ms, nbytes=self.activation_bytes_between_stages(),
-                        tag=PipeTag(direction, ms), peer=peer, deps=[self.b.last(Stream.COMPUTE)])
+                        tag=PipeTag(direction, ms, self.global_chunk), peer=peer, deps=[self.b.last(Stream.COMPUTE)])
 
     def emit(self, use: Use) -> None:
         g = self.granules[use.index]

@@ -72,6 +72,7 @@ PARALLEL_KEYS = (
     Key("pp", int, required=False, default=1, positive=True, maximum=L.MAX_WORLD),
     Key("dp", int, required=False, default=None, positive=True, maximum=L.MAX_WORLD),
     Key("sequence_parallel", bool, required=False, default=False),
+    Key("virtual_stages", int, required=False, default=1, positive=True, maximum=L.MAX_LAYERS),
 )
 
 
@@ -199,7 +200,11 @@ def _parallel(raw: Mapping[str, Any], world: int, source: Path) -> Parallelism:
     if tp * pp * dp != world:
         raise InputError(source, "parallel", f"tp ({tp}) * pp ({pp}) * dp ({dp}) = {tp * pp * dp} "
                          f"!= nodes x gpus_per_node = {world}")
-    return Parallelism(tp=tp, pp=pp, dp=dp, sequence_parallel=v["sequence_parallel"])
+    if v["virtual_stages"] > 1 and pp < 2:
+        raise InputError(source, "parallel.virtual_stages", f"{v['virtual_stages']} model chunks per stage need a "
+                         f"pipeline; allowed: 1 with pp = {pp}")
+    return Parallelism(tp=tp, pp=pp, dp=dp, sequence_parallel=v["sequence_parallel"],
+                       virtual_stages=v["virtual_stages"])
 
 
 def _engine(top: Mapping[str, Any], source: Path) -> Engine:

@@ -57,6 +57,7 @@ class Parallelism:
     pp: int
     dp: int
     sequence_parallel: bool = False
+    virtual_stages: int = 1      # model chunks per pipeline stage (Megatron's interleaved 1F1B)
 
     @property
     def world_size(self) -> int:

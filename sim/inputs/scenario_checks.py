@@ -26,6 +26,27 @@ def check_scenario(s: Scenario, source: Path) -> None:
     _check_hpz(s, source)
     _check_nvme(s, source)
     _check_contiguous(s, source)
+    _check_interleaving(s, source)
+
+
+def _check_interleaving(s: Scenario, source: Path) -> None:
+    """Megatron-Core's interleaved 1F1B (`--num-layers-per-virtual-pipeline-stage`): every
+    model chunk holds the same number of layers, and the micro-batches of a step come in
+    groups of pp (megatron/core/pipeline_parallel/schedules.py raises otherwise)."""
+    p, v = s.parallel, s.parallel.virtual_stages
+    if v == 1:
+        return
+    if s.engine is not Engine.MEGATRON:
+        raise InputError(source, "parallel.virtual_stages", f"interleaved 1F1B with engine {s.engine.value}: "
+                         f"{NOT_SIMULATED_YET}; allowed: engine megatron (DeepSpeed's pipeline has no interleaved "
+                         f"schedule), or 1")
+    if s.model.layers % (p.pp * v):
+        raise InputError(source, "parallel.virtual_stages", f"pp ({p.pp}) x virtual_stages ({v}) does not divide the "
+                         f"{s.model.layers} layers of {s.model.name}; allowed: a v with {s.model.layers} % (pp v) == 0")
+    if s.training.grad_accum % p.pp:
+        raise InputError(source, "parallel.virtual_stages", f"{s.training.grad_accum} micro-batches per step is not "
+                         f"a multiple of pp ({p.pp}), which Megatron's interleaved schedule needs; allowed: "
+                         f"a global batch of micro_batch x dp x a multiple of {p.pp}")
 
 
 def _check_contiguous(s: Scenario, source: Path) -> None:

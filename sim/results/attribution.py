@@ -117,8 +117,8 @@ def _blame_chain(out: TimeBreakdown, by_id: dict[int, Span], blocker: AnyOp, t0:
         sp = by_id.get(op.id)
         if t1 <= t0:
             return
-        if sp is None or sp.start <= t0 or sp.blocker is None:
-            break
+        if sp is None or sp.op is not op or sp.start <= t0 or sp.blocker is None:
+            break   # (a blocker of another rank, a pipeline send, has no span here: ids are per rank)
         out.blame(op, t1 - sp.start)
         t1, op = sp.start, sp.blocker
     out.blame(op, t1 - t0)

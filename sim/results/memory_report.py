@@ -217,8 +217,8 @@ def _activations(s: Scenario, pp_stage: int) -> float:
     before it recomputes (tests/unit/test_recompute_plan.py)."""
     m, p, t = s.model, s.parallel, s.training
     value_bytes = 4 if t.precision.value == "fp32" else 2
-    layers = m.layers // p.pp
-    inflight = act.inflight_microbatches(p.pp, t.grad_accum, pp_stage)
+    layers = m.layers // (p.pp * p.virtual_stages)      # per model chunk (the stage's, without interleaving)
+    inflight = act.inflight_microbatches(p.pp, t.grad_accum, pp_stage, p.virtual_stages)
     per_layer = act.layer_activation_bytes(m, t.seq_len, t.micro_batch, recompute=t.recompute, tp=p.tp,
                                            sequence_parallel=p.sequence_parallel, value_bytes=value_bytes)
     plan = t.recompute_plan
@@ -258,7 +258,8 @@ def _notes(s: Scenario, worst: int, offload_opt: bool, offload_par: bool) -> tup
              f"recompute {t.recompute}" + (", sequence parallel" if s.parallel.sequence_parallel else "")]
     if s.parallel.pp > 1:
         notes.append(f"pipeline stage {worst} shown (the rank with the highest need); 1F1B keeps "
-                     f"{act.inflight_microbatches(s.parallel.pp, t.grad_accum, worst)} micro-batches in flight")
+                     f"{act.inflight_microbatches(s.parallel.pp, t.grad_accum, worst, s.parallel.virtual_stages)} "
+                     f"{'model-chunk passes' if s.parallel.virtual_stages > 1 else 'micro-batches'} in flight")
     if offload_opt or offload_par:
         notes.append("offload: the host column is per GPU; stages below the scenario's are shown "
                      "with the same offload settings where DeepSpeed allows them")

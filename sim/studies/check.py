@@ -41,7 +41,8 @@ def expected_volume(s: Scenario) -> dict[str, float]:
                                 sequence_parallel=p.sequence_parallel,
                                 recomputed=plan.recomputed(blocks) if plan else 0,
                                 checkpoint_gathers=len(plan.segments(blocks)) if plan and s.partitioned_checkpoints else 0, **shape)
-    pipe = pipeline_volume(0, p.pp, tp=p.tp, sequence_parallel=p.sequence_parallel, **shape)
+    pipe = pipeline_volume(0, p.pp, tp=p.tp, sequence_parallel=p.sequence_parallel,
+                           virtual_stages=p.virtual_stages, **shape)
     return add(expected_dp_volume(s), tp, pipe)
 
 

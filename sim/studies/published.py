@@ -158,8 +158,10 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]
     prec = precision(f.get("precision", ""), f.get("other_config", ""), notes)
     rec = recompute(f.get("act_ckpt", ""), notes)
     micro, glob = lay.batch(f, seq, layout.dp, choice.megatron, notes)
-    _schedule_notes(f, layout.pp, notes)
+    chunks = _schedule_notes(f, layout.pp, choice.family == "megatron", notes)
     parallel: dict[str, Any] = {"tp": layout.tp, "pp": layout.pp}
+    if chunks > 1:
+        parallel["virtual_stages"] = chunks
     if layout.tp > 1 and (_sequence_parallel(f) or choice.keys.get("megatron", {}).get("tp_comm_overlap")):
         parallel["sequence_parallel"] = True    # Megatron asserts it under --tp-comm-overlap
     training: dict[str, Any] = {"seq_len": seq, "micro_batch": micro, "global_batch": glob,
@@ -204,15 +206,22 @@ def _sequence_parallel(f: Mapping[str, str]) -> bool:
     return "sequence parallel" in text
 
 
-def _schedule_notes(f: Mapping[str, str], pp: int, notes: list[str]) -> None:
-    """What the row ran that the simulator does not model, recorded rather than refused."""
+def _schedule_notes(f: Mapping[str, str], pp: int, megatron: bool, notes: list[str]) -> int:
+    """Model chunks per pipeline stage the row states (interleaved 1F1B with Megatron: "virtual
+    stages per device) = 3"); what the row ran that the simulator does not model, recorded
+    rather than refused."""
     text = " ".join(f.get(c, "") for c in ("other_config", "framework")).lower()
-    if "interleav" in text and pp > 1:
-        notes.append("interleaved 1F1B (virtual pipeline stages) simulated as plain 1F1B")
+    stated = re.search(r"virtual stages[^=]*=\s*(\d+)", text)
+    chunks = int(stated.group(1)) if stated and pp > 1 and megatron else 1
+    if chunks > 1:
+        notes.append(f"interleaved 1F1B with {chunks} model chunks per stage (as stated)")
+    elif "interleav" in text and pp > 1 and not stated:
+        notes.append("interleaved 1F1B without a stated number of chunks: simulated as plain 1F1B")
     if "compile" in text:
         notes.append("torch.compile not modelled")
     if "overlap" in text and "tp-comm-overlap" in text:
         notes.append("TP communication overlap not modelled")
+    return chunks
 
 
 # -- the 17-column FSDP / offload table --------------------------------------------------------

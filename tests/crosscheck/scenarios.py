@@ -63,6 +63,9 @@ STRATEGIES: dict[str, dict] = {
                                               "overlap_param_gather": True, "bucket_size": 1_000_000,
                                               "tp_comm_overlap": True},
                                  "parallel": {"tp": 2, "pp": 2, "sequence_parallel": True}},
+    "megatron-distopt-tp2-pp2-v2": {"megatron": {"distributed_optimizer": True, "overlap_grad_reduce": True,
+                                                 "overlap_param_gather": True, "bucket_size": 1_000_000},
+                                    "parallel": {"tp": 2, "pp": 2, "virtual_stages": 2, "sequence_parallel": True}},
     "fsdp2": {"fsdp": {}},
     "fsdp2-no-reshard": {"fsdp": {"reshard_after_forward": False}},
     "fsdp2-reshard-root": {"fsdp": {"reshard_root": True}},
@@ -76,6 +79,9 @@ STRATEGIES: dict[str, dict] = {
 def tiny(strategy: str, *, nodes: int = 1, grad_accum: int = 2, recompute: str = "none",
          comm: dict | None = None, extra_zero: dict | None = None, model: dict | None = None,
          seq_len: int = 512, micro_batch: int = 2, strategy_table: dict | None = None) -> Scenario:
+    parallel = (strategy_table or STRATEGIES[strategy]).get("parallel", {})
+    if parallel.get("virtual_stages", 1) > 1:     # interleaving needs whole groups of pp micro-batches
+        grad_accum = -(-grad_accum // parallel["pp"]) * parallel["pp"]
     table: dict = {"model": model or TINY_MODEL, "cluster": "dgx-a100-80g", "nodes": nodes,
                    "training": {"seq_len": seq_len, "micro_batch": micro_batch, "grad_accum": grad_accum,
                                 "precision": "bf16", "recompute": recompute}}
