@@ -15,9 +15,9 @@ import pandas as pd
 
 from sim.cli_checks import CLI, check_int, check_output_path, scenario_path, strict_json, written
 from sim.core.errors import InputError
-from sim.studies.search import STRATEGIES, search
+from sim.studies.search import RECOMPUTE, STRATEGIES, search
 
-SHOWN = ("rank", "strategy", "tp", "pp", "dp", "micro_batch", "recompute", "step_time_s", "tokens_per_s", "mfu",
+SHOWN = ("rank", "strategy", "tp", "pp", "virtual_stages", "dp", "micro_batch", "recompute", "step_time_s", "tokens_per_s", "mfu",
          "peak_bytes", "exposed_comm_s", "bubble_s", "bound")
 
 
@@ -28,6 +28,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-simulations", type=int, default=64, help="DES runs at most (default 64)")
     p.add_argument("--strategies", default=",".join(STRATEGIES),
                    help=f"comma-separated engines to consider (default all: {', '.join(STRATEGIES)})")
+    p.add_argument("--recompute", default=",".join(RECOMPUTE),
+                   help="comma-separated recomputation settings to consider (default: none, selective, full)")
     p.add_argument("--json", action="store_true", help="print the ranked and rejected layouts as one JSON object")
     p.add_argument("--csv", metavar="OUT.csv", help="write every candidate, ranked then rejected")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -40,10 +42,14 @@ def cmd_search(args: argparse.Namespace) -> int:
     for name in strategies:
         if name not in STRATEGIES:
             raise InputError(CLI, "--strategies", f"unknown engine {name!r}; allowed: {', '.join(STRATEGIES)}")
+    recompute = [x.strip() for x in args.recompute.split(",") if x.strip()]
+    for name in recompute:
+        if name not in RECOMPUTE:
+            raise InputError(CLI, "--recompute", f"unknown setting {name!r}; allowed: {', '.join(RECOMPUTE)}")
     csv = check_output_path(args.csv, "--csv", ("csv",)) if args.csv else None
     progress = None if args.quiet else (lambda line: print(f"zerosim search: {line}", file=sys.stderr, flush=True))
     ranked, rejected = search(scenario_path(args.scenario), top=top, max_simulations=budget,
-                              strategies=strategies, progress=progress)
+                              strategies=strategies, recompute=recompute, progress=progress)
     if csv:
         both = pd.concat([ranked.assign(reason=""), rejected], ignore_index=True)
         written(csv, "--csv", lambda p: both.to_csv(p, index=False))

@@ -2,7 +2,8 @@
 
 1. Enumerate (`candidates`): tensor parallel degree t (a divisor of the attention and
    key/value heads, up to two nodes' GPUs), pipeline degree p (a divisor of the layers, up
-   to 64), data parallel d = GPUs / (t p), micro-batch b (1, 2, 4, 8, 16: d b must divide
+   to 64) and with Megatron its model chunks per stage v (1, 2, 3, 4: interleaved 1F1B),
+   data parallel d = GPUs / (t p), micro-batch b (1, 2, 4, 8, 16: d b must divide
    the global batch), recomputation (none, selective, full) and a training engine: Megatron-
    Core (distributed optimizer, overlapped gradient reduction and parameter gather,
    sequence parallelism with t > 1), DeepSpeed ZeRO-1 (any t, p; Megatron-DeepSpeed), ZeRO-2
@@ -13,7 +14,7 @@
    estimate of the peak) rejects what does not fit; a lower bound on the step
    (`lower_bound`: the hardware FLOPs per GPU at the GPU's best kernel efficiency, plus the
    tensor-parallel collectives on the compute stream, stretched by the 1F1B bubble
-   (m + p - 1) / m) orders the rest.
+   (m + (p - 1) / v) / m) orders the rest.
 3. Simulate in order of the bound (branch and bound): once `top` layouts are simulated, a
    candidate whose bound is at least the `top`-th best step time cannot enter the ranking
    and is pruned with both numbers; at most `max_simulations` DES runs.
@@ -47,6 +48,7 @@ from sim.simulate import simulate
 from sim.studies.sweep import FIELDS, MEMORY_FIELDS, TIME_FIELDS, describe
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
+VIRTUAL_STAGES = (2, 3, 4)     # Megatron's interleaved 1F1B (model chunks per stage)
 RECOMPUTE = ("none", "selective", "full")
 MAX_PP = 64
 ENGINE_KEYS = ("engine", "zero", "fsdp", "ddp", "megatron", "deepspeed", "aio")
@@ -79,7 +81,8 @@ def divisors(n: int, limit: int) -> list[int]:
 
 
 def candidates(m: ModelSpec, world: int, gpn: int, batch: int,
-               strategies: Iterable[str] = tuple(STRATEGIES)) -> list[dict[str, Any]]:
+               strategies: Iterable[str] = tuple(STRATEGIES),
+               recompute_options: Iterable[str] = RECOMPUTE) -> list[dict[str, Any]]:
     """The keys of every layout of `world` GPUs (`gpn` per node) to consider for model `m`
     at a global batch of `batch` sequences (module docstring)."""
     out = []
@@ -91,20 +94,28 @@ def candidates(m: ModelSpec, world: int, gpn: int, batch: int,
             for strategy in strategies:
                 if (pp > 1 and strategy not in PIPELINE_ENGINES) or (tp > 1 and strategy not in TENSOR_ENGINES):
                     continue
+                chunks = [1] + ([v for v in VIRTUAL_STAGES if m.layers % (pp * v) == 0]
+                                if strategy == "megatron" and pp > 1 else [])
                 for micro in MICRO_BATCHES:
                     if batch % (micro * dp):
                         continue
-                    for recompute in RECOMPUTE:
-                        out.append({"strategy": strategy, "tp": tp, "pp": pp, "dp": dp, "micro_batch": micro,
-                                    "recompute": recompute})
+                    for v in chunks:
+                        if v > 1 and (batch // (micro * dp)) % pp:
+                            continue          # Megatron's interleaving needs micro-batches in groups of pp
+                        for recompute in recompute_options:
+                            out.append({"strategy": strategy, "tp": tp, "pp": pp, "virtual_stages": v, "dp": dp,
+                                        "micro_batch": micro, "recompute": recompute})
     return out
 
 
 def table_of(raw: Mapping[str, Any], keys: Mapping[str, Any]) -> dict[str, Any]:
     """The base scenario table with the candidate's layout and engine."""
     table = {k: v for k, v in raw.items() if k not in ENGINE_KEYS}
-    parallel = {k: v for k, v in dict(raw.get("parallel") or {}).items() if k not in ("tp", "pp", "dp")}
+    parallel = {k: v for k, v in dict(raw.get("parallel") or {}).items()
+                if k not in ("tp", "pp", "dp", "virtual_stages")}
     parallel.update(tp=keys["tp"], pp=keys["pp"])
+    if keys.get("virtual_stages", 1) > 1:
+        parallel["virtual_stages"] = keys["virtual_stages"]
     if keys["strategy"] == "megatron" and keys["tp"] > 1:
         parallel["sequence_parallel"] = True
     elif "sequence_parallel" in parallel and keys["tp"] == 1:
@@ -123,7 +134,8 @@ def lower_bound(s: Scenario) -> float:
     micro-batch (forward, backward and what recomputation runs again, each kernel at
     sim.analytic.kernel_time: the DES runs these and more) plus its tensor-parallel
     collectives at their group's bus bandwidth (on the compute stream, not overlapped),
-    times m + p - 1 for m micro-batches and p stages (1F1B); or, if longer, the
+    times m + (p - 1) / v for m micro-batches, p stages and v chunks per stage ((interleaved)
+    1F1B); or, if longer, the
     data-parallel collectives' bytes at their bus bandwidth (`data_parallel_time`)."""
     m, t, p, c = s.model, s.training, s.parallel, s.cluster
     per_micro = max(stage_kernel_time(s, k) for k in {0, p.pp - 1})
@@ -136,7 +148,7 @@ def lower_bound(s: Scenario) -> float:
     if tp_bytes:
         shape = opcost.GroupShape(p.tp, -(-p.tp // s.gpus_per_node), min(p.tp, s.gpus_per_node))
         per_micro += tp_bytes / min(opcost.link_capacity(link, c) * mult for link, mult in opcost.ring_links(shape))
-    return max(per_micro * (t.grad_accum + p.pp - 1), data_parallel_time(s))
+    return max(per_micro * (t.grad_accum + (p.pp - 1) / p.virtual_stages), data_parallel_time(s))
 
 
 def stage_kernel_time(s: Scenario, stage: int) -> float:
@@ -147,12 +159,13 @@ def stage_kernel_time(s: Scenario, stage: int) -> float:
     m, t, p = s.model, s.training, s.parallel
     shape = Shape(t.seq_len, t.micro_batch, p.tp, BYTES_PER_ELEMENT[t.precision.value], s.compute.kernels,
                   s.compute.attention, p.sequence_parallel)
-    per = m.layers // p.pp
-    first, plan = stage * per, t.recompute_plan
-    recomputed = {first + b for seg in plan.segments(per) for b in seg} if plan else set()
+    per = m.layers // (p.pp * p.virtual_stages)          # blocks per model chunk
+    plan = t.recompute_plan
+    mine = [b for b in range(m.layers) if (b // per) % p.pp == stage]
+    recomputed = {b for b in mine for seg in (plan.segments(per) if plan else ()) if b % per in seg}
     total = 0.0
     for u in units(m, shape):
-        if u.block is not None and not first <= u.block < first + per:
+        if u.block is not None and u.block not in mine:
             continue
         if u.block is None and stage != (0 if u.role in EMBEDDINGS else p.pp - 1):
             continue
@@ -214,7 +227,7 @@ def evaluate(out: Outcome) -> Outcome:
 
 
 def search(scenario: str | Path, *, top: int = 10, max_simulations: int = 64,
-           strategies: Iterable[str] = tuple(STRATEGIES),
+           strategies: Iterable[str] = tuple(STRATEGIES), recompute: Iterable[str] = RECOMPUTE,
            progress: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(ranked layouts, rejected layouts with their reasons) for the scenario file's model,
     cluster, nodes, sequence length, global batch and precision (module docstring)."""
@@ -227,7 +240,7 @@ def search(scenario: str | Path, *, top: int = 10, max_simulations: int = 64,
                          "allowed: an integer > 0")
     if top < 1 or max_simulations < 1:
         raise InputError(path, "top", "allowed: --top and --max-simulations at least 1")
-    outcomes = [screen(raw, path, keys) for keys in candidates(model, nodes * gpn, gpn, batch, strategies)]
+    outcomes = [screen(raw, path, keys) for keys in candidates(model, nodes * gpn, gpn, batch, strategies, recompute)]
     open_ = sorted((o for o in outcomes if not o.reason), key=lambda o: (o.bound_s, _order(o.keys)))
     if progress:
         progress(f"{len(outcomes)} layouts, {len(open_)} fit the memory estimate; simulating by lower bound")
@@ -251,13 +264,14 @@ def search(scenario: str | Path, *, top: int = 10, max_simulations: int = 64,
 
 
 def _order(keys: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (list(STRATEGIES).index(keys["strategy"]), keys["tp"], keys["pp"], keys["micro_batch"],
-            RECOMPUTE.index(keys["recompute"]))
+    return (list(STRATEGIES).index(keys["strategy"]), keys["tp"], keys["pp"], keys.get("virtual_stages", 1),
+            keys["micro_batch"], RECOMPUTE.index(keys["recompute"]))
 
 
 def _describe(keys: Mapping[str, Any]) -> str:
-    return (f"{keys['strategy']} tp {keys['tp']} pp {keys['pp']} dp {keys['dp']} micro {keys['micro_batch']} "
-            f"recompute {keys['recompute']}")
+    chunks = f" x {keys['virtual_stages']} chunks" if keys.get("virtual_stages", 1) > 1 else ""
+    return (f"{keys['strategy']} tp {keys['tp']} pp {keys['pp']}{chunks} dp {keys['dp']} micro "
+            f"{keys['micro_batch']} recompute {keys['recompute']}")
 
 
 def _ranked_frame(ranked: list[Outcome], top: int) -> pd.DataFrame:
