@@ -90,19 +90,24 @@ def megatron_engine_volume(padded: int, dp: int, *, grad_bytes: int, param_bytes
 
 
 def fsdp2_engine_volume(m: ModelSpec, dp: int, *, grad_accum: int, param_bytes: int, reduce_bytes: int,
-                        reshard_after_forward: bool, reshard_root: bool, clipping: bool) -> dict[str, float]:
+                        reshard_after_forward: bool, reshard_root: bool, clipping: bool, replicate: int = 1,
+                        post: int = 0) -> dict[str, float]:
     """FSDP2 per block + root: forward all-gather of every unit, backward all-gather of the
     resharded blocks (and of the root when it is resharded too), one reduce-scatter per unit,
-    every micro-step; only the tensors with gradients are reduced (LoRA: the adapters)."""
-    blocks = sum(dim0_padded(t.shape, dp) for mod in module_tree(m) if mod.block is not None for t in mod.tensors)
-    total = sum(dim0_padded(t.shape, dp) for mod in module_tree(m) for t in mod.tensors)
-    grads = sum(dim0_padded(t.shape, dp) for mod in module_tree(m) for t in mod.tensors if t.trainable)
-    gathered = total + (blocks if reshard_after_forward else 0) + ((total - blocks) if reshard_root else 0)
-    out = {"all_gather": grad_accum * _once(param_bytes * gathered, dp),
-           "reduce_scatter": grad_accum * _once(reduce_bytes * grads, dp)}
-    if clipping:
-        out["all_reduce"] = _ar(4.0, dp)
-    return out
+    every micro-step; only the tensors with gradients are reduced (LoRA: the adapters). With
+    HSDP (`replicate` r) everything shards over dp / r ranks and each reduced shard is
+    all-reduced over the r replicas; with an int reshard_after_forward (`post` k) the blocks'
+    backward all-gathers run over k ranks."""
+    shard = dp // replicate
+    blocks = sum(dim0_padded(t.shape, shard) for mod in module_tree(m) if mod.block is not None for t in mod.tensors)
+    total = sum(dim0_padded(t.shape, shard) for mod in module_tree(m) for t in mod.tensors)
+    grads = sum(dim0_padded(t.shape, shard) for mod in module_tree(m) for t in mod.tensors if t.trainable)
+    backward = blocks if reshard_after_forward else 0
+    gathered = total + (backward if not post else 0) + ((total - blocks) if reshard_root else 0)
+    out = {"all_gather": grad_accum * (_once(param_bytes * gathered, shard) + _once(param_bytes * backward, post or 1)),
+           "reduce_scatter": grad_accum * _once(reduce_bytes * grads, shard)}
+    out["all_reduce"] = grad_accum * _ar(reduce_bytes * grads / shard, replicate) + (_ar(4.0, dp) if clipping else 0.0)
+    return {k: v for k, v in out.items() if v}
 
 
 def paper_volume(m: ModelSpec, dp: int, stage: int, *, grad_accum: int, elem: int) -> dict[str, float]:

@@ -57,6 +57,9 @@ class Axis(StrEnum):
     DP = "dp"
     DP_NODE = "dp_node"        # the data-parallel peers on the rank's own node (ZeRO++ hpZ, qgZ's first hop)
     DP_ACROSS = "dp_across"    # one data-parallel peer per node, at the rank's place in its node (qgZ's second hop)
+    DP_SHARD = "dp_shard"      # HSDP's shard group: `shard` consecutive data-parallel ranks (FSDP2 2D mesh)
+    DP_REPLICATE = "dp_replicate"   # HSDP's replicate group: the ranks at the same place of every shard group
+    DP_POST = "dp_post"        # FSDP2's post-forward mesh (int reshard_after_forward): k consecutive ranks
 
 
 class Engine(StrEnum):

@@ -20,7 +20,7 @@ from sim.analytic.comm import dim0_padded
 from sim.analytic.kernels import memory
 from sim.analytic.placement import TensorGroup, trainable
 from sim.analytic.volumes import fsdp2_engine_volume
-from sim.core.enums import Coll, Engine, ScheduleMode
+from sim.core.enums import Axis, Coll, Engine, ScheduleMode
 from sim.core.errors import InputError
 from sim.core.model import module_tree
 from sim.core.units import BYTES_PER_ELEMENT
@@ -44,6 +44,9 @@ class Fsdp2Planner(Planner):
         f = self.s.fsdp
         assert f is not None
         self.f = f
+        self.shard = layout.shard or layout.dp          # ranks a parameter is sharded over (HSDP: dp / r)
+        self.replicas = layout.dp // self.shard
+        self.post = f.post_forward                      # int reshard_after_forward: k, else 0
         self.p_bytes = self.elem(f.param_dtype or self.half)
         self.r_bytes = self.elem(f.reduce_dtype or f.param_dtype or self.half)
         self.padded = self._padded_by_unit()          # unit index -> padded elements
@@ -63,7 +66,7 @@ class Fsdp2Planner(Planner):
         out: dict[int, int] = {}
         for mod in module_tree(self.m):
             unit = -1 if mod.block is None else mod.block
-            out[unit] = out.get(unit, 0) + sum(dim0_padded(t.shape, self.dp) for t in mod.tensors
+            out[unit] = out.get(unit, 0) + sum(dim0_padded(t.shape, self.shard) for t in mod.tensors
                                                if t.trainable or not trainable_only)
         return out
 
@@ -129,19 +132,29 @@ class Fsdp2Planner(Planner):
         nbytes = self.p_bytes * self.padded[unit]
         deps: list[OpRef | None] = [gate]
         if self.f.cpu_offload:
-            deps.append(self.copy(Stream.H2D, 4.0 * self.padded[unit] / self.dp, "H2D parameter shard",
+            deps.append(self.copy(Stream.H2D, 4.0 * self.padded[unit] / self.shard, "H2D parameter shard",
                                   phase, ms))
+        from_post = phase is Phase.BWD and self.post and unit != -1   # from the post-forward k-way shards
         self.ag[key] = self.collective(
             Stream.ALLGATHER, Coll.ALL_GATHER, nbytes, f"all-gather {'root' if unit == -1 else f'block {unit}'}",
-            phase, ms, deps=deps, layer=None if unit == -1 else unit,
+            phase, ms, deps=deps, layer=None if unit == -1 else unit, axis=Axis.DP_POST if from_post else Axis.DP_SHARD,
             alloc=(Alloc(Mem.PARAMS, f"unsharded unit {unit}", nbytes),),
-            purpose="fetch" if unit != -1 else "root")
+            free=(self._post_shard(unit),) if from_post else (), purpose="fetch" if unit != -1 else "root")
         return self.ag[key]
+
+    def _post_shard(self, unit: int) -> Alloc:
+        """What a rank keeps of a unit between forward and backward with an int
+        reshard_after_forward k: 1/k of it, in the parameter dtype."""
+        return Alloc(Mem.PARAMS, f"post-forward shard unit {unit}", self.p_bytes * self.padded[unit] / self.post)
 
     # -- after compute: reshard, reduce-scatter -------------------------------------------------
     def after_use(self, use: Use, op: OpRef) -> None:
         unit, ms = self.unit_of(use), use.micro_step
         if use.what is F and unit != -1:
+            if self.post:   # post_forward: copy this rank's 1/k slice out of the unsharded unit, then free it
+                name = f"post-forward reshard unit {unit}"
+                op = self.compute(name, Phase.FWD, ms, (memory(name, 2.0 * self._post_shard(unit).nbytes),), unit,
+                                  alloc=(self._post_shard(unit),))
             self.fwd_done[unit] = op
             if self.resharded(unit):
                 self._free(op, unit)
@@ -161,11 +174,17 @@ class Fsdp2Planner(Planner):
         copy_in = self.compute(name, Phase.BWD, ms, (memory(name, 2.0 * nbytes),), None if unit == -1 else unit)
         rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, nbytes,
                              f"reduce-scatter {'root' if unit == -1 else f'block {unit}'}", Phase.BWD, ms,
-                             deps=[copy_in], layer=None if unit == -1 else unit, free=(grads,), purpose="grad")
+                             deps=[copy_in], layer=None if unit == -1 else unit, free=(grads,), purpose="grad",
+                             axis=Axis.DP_SHARD)
         self.prev_rs, self.last_rs = rs, rs
+        if self.replicas > 1:   # HSDP: the shard's gradient all-reduced over the replicas (foreach_reduce)
+            self.last_rs = self.collective(Stream.ALLREDUCE, Coll.ALL_REDUCE, nbytes / self.shard,
+                                           f"all-reduce {'root' if unit == -1 else f'block {unit}'} shard", Phase.BWD,
+                                           ms, deps=[rs], layer=None if unit == -1 else unit, purpose="grad",
+                                           axis=Axis.DP_REPLICATE)
         if self.f.cpu_offload:
-            self.last_rs = self.copy(Stream.D2H, 4.0 * self.grad_padded[unit] / self.dp, "D2H gradient shard",
-                                     Phase.BWD, ms, deps=[rs])
+            self.last_rs = self.copy(Stream.D2H, 4.0 * self.grad_padded[unit] / self.shard, "D2H gradient shard",
+                                     Phase.BWD, ms, deps=[self.last_rs])
 
     def _free(self, op: OpRef, unit: int) -> None:
         nbytes = self.p_bytes * self.padded[unit]
@@ -177,7 +196,7 @@ class Fsdp2Planner(Planner):
 
     def optimizer_step(self) -> None:
         norm = self.grad_norm()
-        shard = sum(self.grad_padded.values()) / self.dp
+        shard = sum(self.grad_padded.values()) / self.shard
         if self.f.cpu_offload:
             self.optimizer(TorchCpuAdam(TORCH_CPU_ADAM_SLOWDOWN), shard, [norm, self.last_rs])
         else:
@@ -191,7 +210,7 @@ class Fsdp2Planner(Planner):
 
 def fsdp2_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
     assert s.fsdp is not None
-    dp = s.parallel.dp
+    dp = s.parallel.dp // s.fsdp.replicate_degree       # the shard group
     shard = sum(dim0_padded(g.shape, dp) * g.count for g in trainable(census)) / dp
     frozen = sum(dim0_padded(g.shape, dp) * g.count for g in census if not g.trainable) / dp
     base = [Alloc(Mem.PARAMS, "frozen 16-bit base shards (LoRA)", 2.0 * frozen)]
@@ -211,16 +230,29 @@ def fsdp2_volume(s: Scenario) -> dict[str, float]:
     p = BYTES_PER_ELEMENT[f.param_dtype or t.precision.value]
     r = BYTES_PER_ELEMENT[f.reduce_dtype or f.param_dtype or t.precision.value]
     return fsdp2_engine_volume(s.model, s.parallel.dp, grad_accum=t.grad_accum, param_bytes=p, reduce_bytes=r,
-                               reshard_after_forward=f.reshard_after_forward, reshard_root=bool(f.reshard_root),
-                               clipping=t.gradient_clipping > 0)
+                               reshard_after_forward=bool(f.reshard_after_forward), reshard_root=bool(f.reshard_root),
+                               clipping=t.gradient_clipping > 0, replicate=f.replicate_degree, post=f.post_forward)
 
 
 def one_dimensional(s: Scenario) -> None:
-    """FSDP2 is simulated per data-parallel shard group only (2D with TP, or PP: not yet)."""
+    """FSDP2 is simulated over data-parallel meshes (FSDP, HSDP) only (2D with TP, or PP: not
+    yet); HSDP's replicate degree divides dp, and an int reshard_after_forward is a non-trivial
+    divisor of the shard group (torch: 'a factor of the mesh shard dim size', not 1 nor it)."""
+    source = s.path or "scenario"
     for axis in ("tp", "pp"):
         if getattr(s.parallel, axis) > 1:
-            raise InputError(s.path or "scenario", f"parallel.{axis}", f"{axis} > 1 with FSDP2: {NOT_SIMULATED_YET} "
+            raise InputError(source, f"parallel.{axis}", f"{axis} > 1 with FSDP2: {NOT_SIMULATED_YET} "
                              "(2D/3D layouts are simulated with DeepSpeed and DDP); allowed: 1")
+    f, dp = s.fsdp, s.parallel.dp
+    assert f is not None
+    if dp % f.replicate_degree:
+        raise InputError(source, "fsdp.replicate_degree", f"{f.replicate_degree} does not divide the data-parallel "
+                         f"degree ({dp}); allowed: a divisor of {dp}")
+    shard, k = dp // f.replicate_degree, f.post_forward
+    if k and (shard % k or not 1 < k < shard):
+        raise InputError(source, "fsdp.reshard_after_forward", f"{k}: resharding after forward to {k}-way groups "
+                         f"needs a divisor of the shard group ({shard}) other than 1 and {shard}; allowed: true, "
+                         f"false or such a divisor")
 
 
 FSDP2 = EngineModel(

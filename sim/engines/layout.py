@@ -28,6 +28,8 @@ class Layout:
     pp: int
     dp: int
     gpus_per_node: int
+    shard: int = 0      # HSDP: data-parallel ranks per shard group (0: all of them)
+    post: int = 0       # FSDP2 int reshard_after_forward: ranks per post-forward group (0: the shard group)
 
     @property
     def world_size(self) -> int:
@@ -74,7 +76,23 @@ class Layout:
             return tuple(self.rank(Coords(d, c.pp, c.tp)) for d in range(self.dp))
         if axis in (Axis.DP_NODE, Axis.DP_ACROSS):
             return self._dp_split(axis, rank)
+        if axis in (Axis.DP_SHARD, Axis.DP_REPLICATE, Axis.DP_POST):
+            return self._dp_mesh(axis, c)
         return tuple(self.rank(Coords(c.dp, p, c.tp)) for p in range(self.pp))
+
+    def _dp_mesh(self, axis: Axis, c: Coords) -> tuple[int, ...]:
+        """FSDP2's 2D data-parallel mesh (replicate, shard), shard fastest as
+        `init_device_mesh` lays it out: the shard group is `shard` consecutive data-parallel
+        ranks, the replicate group the ranks at the same place of every shard group; the
+        post-forward group `post` consecutive ranks of the shard group."""
+        size = self.shard or self.dp
+        if axis is Axis.DP_REPLICATE:
+            places = range(c.dp % size, self.dp, size)
+        else:
+            width = (self.post or size) if axis is Axis.DP_POST else size
+            start = c.dp // width * width
+            places = range(start, start + width)
+        return tuple(self.rank(Coords(d, c.pp, c.tp)) for d in places)
 
     def _dp_split(self, axis: Axis, rank: int) -> tuple[int, ...]:
         """The data-parallel group cut by node: the members on `rank`'s node (DP_NODE), or the

@@ -37,8 +37,11 @@ def model_of(s: Scenario) -> EngineModel:
 
 
 def layout_of(s: Scenario) -> Layout:
-    p = s.parallel
-    return Layout(tp=p.tp, pp=p.pp, dp=p.dp, gpus_per_node=s.gpus_per_node)
+    p, f = s.parallel, s.fsdp
+    if f is None:
+        return Layout(tp=p.tp, pp=p.pp, dp=p.dp, gpus_per_node=s.gpus_per_node)
+    return Layout(tp=p.tp, pp=p.pp, dp=p.dp, gpus_per_node=s.gpus_per_node, shard=p.dp // f.replicate_degree,
+                  post=f.post_forward)
 
 
 def planner_for(s: Scenario, layout: Layout, stage: int = 0) -> Planner:

@@ -21,6 +21,7 @@ class Stream(StrEnum):
     COMPUTE = "compute"
     ALLGATHER = "comm (all-gather)"     # DeepSpeed ZeRO-3 / FSDP2 all-gather stream
     REDUCE = "comm (reduce)"            # reduction / reduce-scatter stream (also DDP's comm)
+    ALLREDUCE = "comm (all-reduce)"     # FSDP2 HSDP: the replicate group's all-reduce of each shard
     P2P = "comm (p2p)"                  # pipeline sends
     TP = "comm (tp)"                    # TP collectives overlapped with GEMMs (Megatron tp_comm_overlap)
     H2D = "h2d"

@@ -12,7 +12,7 @@ from sim.core import limits as L
 from sim.core.enums import OptimizerImpl, Recompute
 from sim.core.errors import InputError
 from sim.core.units import MB
-from sim.inputs.schema import NOT_SIMULATED_YET, Key, check_value, read_table
+from sim.inputs.schema import Key, check_value, read_table
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 TRAINING_KEYS = (
@@ -55,21 +55,30 @@ class FsdpConfig:
     (torch/distributed/fsdp/_fully_shard/_fully_shard.py).
 
     reshard_after_forward: True frees a block's parameters after forward (ZeRO-3-like),
-    False keeps them until backward (ZeRO-2-like); an int k (resharding to k-way groups)
-    is not simulated yet. reshard_root: the root's own `reshard_after_forward`; None is
+    False keeps them until backward (ZeRO-2-like); an int k reshards them to k-way groups
+    (1 < k < the shard group: each rank keeps 1/k of the unit and the backward all-gather
+    runs inside the k ranks). replicate_degree r > 1 is HSDP: a (replicate, shard) mesh,
+    parameters sharded over dp / r ranks and gradients all-reduced over the r replicas. reshard_root: the root's own `reshard_after_forward`; None is
     torch's default, which keeps the root unsharded after forward; True reshards it, so
     backward begins by gathering the root again. forward_prefetch / backward_prefetch:
     blocks gathered ahead (default 1 each: implicit CPU run-ahead forward,
     `_backward_prefetch` of one unit backward).
     """
 
-    reshard_after_forward: bool = True
+    reshard_after_forward: bool | int = True
     reshard_root: bool | None = None
     forward_prefetch: int = 1
     backward_prefetch: int = 1
     param_dtype: str | None = None    # None: the training precision
     reduce_dtype: str | None = None   # None: param_dtype
     cpu_offload: bool = False
+    replicate_degree: int = 1
+
+    @property
+    def post_forward(self) -> int:
+        """The k of an int reshard_after_forward (0: a bool)."""
+        r = self.reshard_after_forward
+        return 0 if isinstance(r, bool) else r
 
 
 FSDP_KEYS = (
@@ -80,21 +89,18 @@ FSDP_KEYS = (
     Key("param_dtype", str, required=False, default=None, choices=PRECISIONS),
     Key("reduce_dtype", str, required=False, default=None, choices=PRECISIONS),
     Key("cpu_offload", bool, required=False, default=False),
-    Key("replicate_degree", int, required=False, default=1, positive=True, not_simulated=True),
+    Key("replicate_degree", int, required=False, default=1, positive=True),
 )
 
 
 def fsdp_from_table(raw: Mapping[str, Any], source: Path) -> FsdpConfig:
-    """[fsdp]; HSDP (`replicate_degree` > 1) and int `reshard_after_forward` are refused as
-    not simulated yet."""
+    """[fsdp]: FSDP2's fully_shard arguments; HSDP with `replicate_degree`, an int
+    `reshard_after_forward` (checked against the data-parallel degree by the engine)."""
     v = read_table(raw, FSDP_KEYS, source, "fsdp.")
     reshard = v.pop("reshard_after_forward")
     if not isinstance(reshard, bool):
         check_value(reshard, Key("reshard_after_forward", int, positive=True), source,
                     "fsdp.reshard_after_forward")
-        raise InputError(source, "fsdp.reshard_after_forward", f"an int ({reshard}, resharding to "
-                         f"{reshard}-way groups): {NOT_SIMULATED_YET}; allowed: true, false")
-    del v["replicate_degree"]
     return FsdpConfig(reshard_after_forward=reshard, **v)
 
 

@@ -34,7 +34,9 @@ def validation_scenario(strategy: str, model: dict[str, Any], world: int, *, seq
                      "precision": "fp32", "gradient_clipping": 0.0},
         "compute": {"kernels": "hf"}}
     if engine == "fsdp2":
-        table["fsdp"] = {"reshard_after_forward": strategy != "fsdp2-no-reshard"}
+        table["fsdp"] = {"reshard_after_forward": {"fsdp2-no-reshard": False, "fsdp2-reshard-2": 2}.get(strategy, True)}
+        if strategy == "fsdp2-hsdp":
+            table["fsdp"]["replicate_degree"] = 2
         if reshard_root is not None:
             table["fsdp"]["reshard_root"] = reshard_root
     if engine in ("ddp", "ddp-zero-redundancy"):

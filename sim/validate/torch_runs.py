@@ -177,27 +177,37 @@ def _entry(rank: int, world: int, worker: str, config: dict[str, Any], tmp: str,
         sys.stderr.flush()
 
 
+def _hsdp_mesh() -> Any:
+    """HSDP's (replicate, shard) mesh of two replicas (torch init_device_mesh, shard fastest)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    world = dist.get_world_size()
+    return init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+
+
 def _wrap(model: nn.Module, strategy: str, dtype: torch.dtype, *, broadcast_buffers: bool = True,
           reshard_root: bool | None = None) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
     """Wrap as the strategy does; returns (model, optimizer, zero-redundancy partition or None).
 
     FSDP2: `fully_shard` on each transformer block (`model.model.layers`, ours and HF's),
     then on the root with `reshard_after_forward=reshard_root` when given (torch's default,
-    None, keeps the root's parameters gathered between forward and backward). DDP:
+    None, keeps the root's parameters gathered between forward and backward); "fsdp2-hsdp"
+    on a (2, world / 2) replicate x shard mesh, "fsdp2-reshard-2" resharding the blocks to
+    2-way groups after forward. DDP:
     `broadcast_buffers` as DistributedDataParallel's argument (rank 0's buffers are
     broadcast at the start of every synchronising forward when there are any)."""
     model = model.to(dtype)
     if strategy.startswith("fsdp2"):
         from torch.distributed.fsdp import fully_shard
-        reshard = strategy != "fsdp2-no-reshard"
+        reshard: bool | int = {"fsdp2-no-reshard": False, "fsdp2-reshard-2": 2}.get(strategy, True)
+        mesh = _hsdp_mesh() if strategy == "fsdp2-hsdp" else None
         blocks = (list(getattr(getattr(model, "model"), "layers")) if hasattr(model, "model")
                   else [m for m in model.children() if isinstance(m, nn.Linear)])
         for block in blocks:
-            fully_shard(block, reshard_after_forward=reshard)
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
         if reshard_root is None:
-            fully_shard(model)
+            fully_shard(model, mesh=mesh)
         else:
-            fully_shard(model, reshard_after_forward=reshard_root)
+            fully_shard(model, mesh=mesh, reshard_after_forward=reshard_root)
         return model, torch.optim.Adam(model.parameters(), lr=1e-3), None
     from torch.nn.parallel import DistributedDataParallel
     # only when False: torch 2.13 deprecates the argument (FutureWarning) but its replacement,

@@ -69,6 +69,8 @@ STRATEGIES: dict[str, dict] = {
     "fsdp2": {"fsdp": {}},
     "fsdp2-no-reshard": {"fsdp": {"reshard_after_forward": False}},
     "fsdp2-reshard-root": {"fsdp": {"reshard_root": True}},
+    "fsdp2-hsdp": {"fsdp": {"replicate_degree": 2}},
+    "fsdp2-hsdp-reshard-2": {"fsdp": {"replicate_degree": 2, "reshard_after_forward": 2}},
     "paper-zero0": {"zero": {"stage": 0}, "schedule": "paper"},
     "paper-zero1": {"zero": {"stage": 1}, "schedule": "paper"},
     "paper-zero2": {"zero": {"stage": 2}, "schedule": "paper"},

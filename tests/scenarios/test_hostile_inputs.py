@@ -276,14 +276,20 @@ def test_zero_features_not_simulated_yet(tmp_path, capsys, command, zero):
 @pytest.mark.parametrize("text", [
     SCENARIO.replace("stage = 3", 'stage = 2\noffload_optimizer = "cpu"').replace("nodes = 2", 'nodes = 2\nschedule = "paper"'),
     SCENARIO.replace("[zero]\nstage = 3\n", "[fsdp]\n").replace("nodes = 2", "nodes = 2\n[parallel]\ntp = 2"),
-    SCENARIO.replace("[zero]\nstage = 3\n", "[fsdp]\nreshard_after_forward = 4\n"),
-    SCENARIO.replace("[zero]\nstage = 3\n", "[fsdp]\nreplicate_degree = 2\n"),
     SCENARIO.replace("[zero]\nstage = 3\n", '[ddp]\nparameters_as_bucket_view = true\n').replace(
         "nodes = 2", 'nodes = 2\nengine = "ddp-zero-redundancy"'),
 ])
 @pytest.mark.parametrize("command", ["run", "memory"])
 def test_combinations_not_simulated_yet_are_refused_by_every_command(tmp_path, capsys, command, text):
     refused([command, scenario_with(tmp_path, text)], capsys, "not simulated yet")
+
+
+@pytest.mark.parametrize("fsdp, key", [("reshard_after_forward = 16", "fsdp.reshard_after_forward"),
+                                        ("reshard_after_forward = 3", "fsdp.reshard_after_forward"),
+                                        ("replicate_degree = 3", "fsdp.replicate_degree")])
+def test_fsdp_meshes_that_torch_would_refuse_are_refused(tmp_path, capsys, fsdp, key):
+    refused(["run", scenario_with(tmp_path, SCENARIO.replace("[zero]\nstage = 3\n", f"[fsdp]\n{fsdp}\n"))],
+            capsys, key)
 
 
 @pytest.mark.parametrize("where", ["offload_optimizer", "offload_param"])

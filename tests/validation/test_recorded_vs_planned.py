@@ -1,5 +1,6 @@
 """Real torch runs (gloo, CPU) against the planner: the collectives of a step, in order and
-bytes, and the bytes of parameters, gradients and optimizer state per rank."""
+bytes, and the bytes of parameters, gradients and optimizer state per rank; with 4 ranks also
+FSDP2's HSDP (2 replicas x 2 shards) and an int reshard_after_forward (2-way of 4)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from sim.validate.torch_runs import spawn
 
 MODEL = {"layers": 2, "hidden": 128, "heads": 4, "kv_heads": 2, "ffn_hidden": 384, "vocab": 2048}
 STRATEGIES = ("ddp", "ddp-zero-redundancy", "fsdp2", "fsdp2-no-reshard")
+MESHES = ("fsdp2-hsdp", "fsdp2-reshard-2")      # need 4 ranks: a 2 x 2 replicate x shard mesh; 2-way of 4
 RUNS = ((2, 1), (4, 2))     # (world, gradient accumulation)
-CASES = [(world, accum, strategy) for world, accum in RUNS for strategy in STRATEGIES]
+CASES = [(world, accum, strategy) for world, accum in RUNS for strategy in STRATEGIES + (MESHES if world == 4 else ())]
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +24,11 @@ def runs():
 
     def of(world: int, accum: int) -> dict[str, list]:
         if (world, accum) not in done:
+            names = STRATEGIES + (MESHES if world == 4 else ())
             cases = [{"model": MODEL, "seq_len": 32, "micro_batch": 2, "grad_accum": accum, "steps": 3,
-                      "strategy": s} for s in STRATEGIES]
+                      "strategy": s} for s in names]
             ranks = spawn(world, "cases", {"worker": "train_llama", "cases": cases})
-            done[(world, accum)] = {s: [r["cases"][i] for r in ranks] for i, s in enumerate(STRATEGIES)}
+            done[(world, accum)] = {s: [r["cases"][i] for r in ranks] for i, s in enumerate(names)}
         return done[(world, accum)]
     return of
 
