@@ -8,7 +8,7 @@
    Core (distributed optimizer, overlapped gradient reduction and parameter gather,
    sequence parallelism with t > 1), DeepSpeed ZeRO-1 (any t, p; Megatron-DeepSpeed), ZeRO-2
    and ZeRO-3 (p = 1, as DeepSpeed requires; ZeRO-3 also with CPU optimizer offload), FSDP2
-   (t = p = 1). Each candidate is the scenario's table with those keys set, read by the
+   and HSDP (shard groups of a node, one replica per node; t = p = 1). Each candidate is the scenario's table with those keys set, read by the
    scenario loader: what a file could not hold is rejected with the loader's reason.
 2. Prune with the analytic twin: the memory report (sim.results.memory_report, an upper
    estimate of the peak) rejects what does not fit; a lower bound on the step
@@ -60,6 +60,7 @@ STRATEGIES: dict[str, dict[str, Any]] = {   # label: the scenario keys that choo
     "deepspeed z3": {"zero": {"stage": 3}},
     "deepspeed z3+offload": {"zero": {"stage": 3, "offload_optimizer": "cpu"}},
     "fsdp2": {"fsdp": {}},
+    "fsdp2 hsdp": {"fsdp": {"replicate_degree": "nodes"}},   # shard inside a node, replicate across nodes
 }
 PIPELINE_ENGINES = ("megatron", "deepspeed z1")      # DeepSpeed refuses ZeRO-2/3 with pipelines
 TENSOR_ENGINES = ("megatron", "deepspeed z1", "deepspeed z2", "deepspeed z3", "deepspeed z3+offload")
@@ -94,6 +95,8 @@ def candidates(m: ModelSpec, world: int, gpn: int, batch: int,
             for strategy in strategies:
                 if (pp > 1 and strategy not in PIPELINE_ENGINES) or (tp > 1 and strategy not in TENSOR_ENGINES):
                     continue
+                if strategy == "fsdp2 hsdp" and world <= gpn:
+                    continue          # one node: HSDP is FSDP
                 chunks = [1] + ([v for v in VIRTUAL_STAGES if m.layers % (pp * v) == 0]
                                 if strategy == "megatron" and pp > 1 else [])
                 for micro in MICRO_BATCHES:
@@ -126,7 +129,10 @@ def table_of(raw: Mapping[str, Any], keys: Mapping[str, Any]) -> dict[str, Any]:
         for key in ("recompute_method", "recompute_num_layers", "cpu_checkpointing", "contiguous_memory_optimization",
                     "number_checkpoints"):
             training.pop(key, None)
-    return {**table, "parallel": parallel, "training": training, **STRATEGIES[keys["strategy"]]}
+    engine = STRATEGIES[keys["strategy"]]
+    if keys["strategy"] == "fsdp2 hsdp":
+        engine = {"fsdp": {"replicate_degree": raw.get("nodes", 1)}}
+    return {**table, "parallel": parallel, "training": training, **engine}
 
 
 def lower_bound(s: Scenario) -> float:
