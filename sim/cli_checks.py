@@ -10,7 +10,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +120,12 @@ def scenario_path(arg: str) -> Path:
     if looks_like_path(arg):
         return Path(arg)
     return resolve(arg, "scenarios", Path.cwd(), CLI, "scenario")
+
+
+def comma_choices(text: str, flag: str, allowed: Sequence[str], what: str = "value") -> list[str]:
+    """A comma-separated option, each item one of `allowed` (else an InputError naming the flag)."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    for item in items:
+        if item not in allowed:
+            raise InputError(CLI, flag, f"unknown {what} {item!r}; allowed: {', '.join(allowed)}")
+    return items

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sim.cli_checks import CLI, check_int, check_output_path, image_suffixes, strict_json, written
+from sim.cli_checks import CLI, check_int, check_output_path, comma_choices, image_suffixes, strict_json, written
 from sim.core.errors import InputError
 from sim.inputs.catalog import catalog_dir
 from sim.studies import fit_report as report
@@ -76,10 +76,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     folds = check_int(args.folds, "--folds", low=1, high=50)
     jobs = check_int(args.jobs, "--jobs", low=1, high=256)
     iterations = check_int(args.iterations, "--iterations", low=1, high=100)
-    params = [x.strip() for x in args.params.split(",") if x.strip()]
-    for key in params:
-        if key not in KEYS:
-            raise InputError(CLI, "--params", f"unknown parameter {key!r}; allowed: {', '.join(KEYS)}")
+    params = comma_choices(args.params, "--params", KEYS, "parameter")
     csv_out = check_output_path(args.csv, "--csv", ("csv",)) if args.csv else None
     plot_out = check_output_path(args.plot, "--plot", image_suffixes()) if args.plot else None
     doc = check_output_path(args.doc, "--doc", ("md",)) if args.doc else None

@@ -13,8 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.cli_checks import CLI, check_int, check_output_path, scenario_path, strict_json, written
-from sim.core.errors import InputError
+from sim.cli_checks import CLI, check_int, check_output_path, comma_choices, scenario_path, strict_json, written
 from sim.studies.search import RECOMPUTE, STRATEGIES, search
 
 SHOWN = ("rank", "strategy", "tp", "pp", "virtual_stages", "dp", "micro_batch", "recompute", "step_time_s", "tokens_per_s", "mfu",
@@ -38,14 +37,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
 def cmd_search(args: argparse.Namespace) -> int:
     top = check_int(args.top, "--top", low=1, high=10_000)
     budget = check_int(args.max_simulations, "--max-simulations", low=1, high=100_000)
-    strategies = [x.strip() for x in args.strategies.split(",") if x.strip()]
-    for name in strategies:
-        if name not in STRATEGIES:
-            raise InputError(CLI, "--strategies", f"unknown engine {name!r}; allowed: {', '.join(STRATEGIES)}")
-    recompute = [x.strip() for x in args.recompute.split(",") if x.strip()]
-    for name in recompute:
-        if name not in RECOMPUTE:
-            raise InputError(CLI, "--recompute", f"unknown setting {name!r}; allowed: {', '.join(RECOMPUTE)}")
+    strategies = comma_choices(args.strategies, "--strategies", tuple(STRATEGIES), "engine")
+    recompute = comma_choices(args.recompute, "--recompute", RECOMPUTE, "setting")
     csv = check_output_path(args.csv, "--csv", ("csv",)) if args.csv else None
     progress = None if args.quiet else (lambda line: print(f"zerosim search: {line}", file=sys.stderr, flush=True))
     ranked, rejected = search(scenario_path(args.scenario), top=top, max_simulations=budget,

@@ -87,14 +87,7 @@ def scenario_from_table(raw: Mapping[str, Any], source: Path, name: str, questio
     """Build a Scenario from a parsed table; relative paths are relative to `source`."""
     base = source.parent
     top = read_table(raw, TOP_KEYS, source)
-    model = _model(top["model"], base, source)
-    if top["lora"] is not None:
-        model = with_lora(model, read_lora(top["lora"], source), source)
-    cluster = _cluster(top["cluster"], base, source)
-    gpn = top["gpus_per_node"] or cluster.gpus_per_node
-    if gpn > cluster.gpus_per_node:
-        raise InputError(source, "gpus_per_node", f"{gpn} > the cluster's {cluster.gpus_per_node} "
-                         f"({cluster.name}); allowed: 1..{cluster.gpus_per_node}")
+    model, cluster, gpn = _hardware(top, source)
     if top["nodes"] * gpn > L.MAX_WORLD:
         raise InputError(source, "nodes", f"{top['nodes']} nodes x {gpn} GPUs = {top['nodes'] * gpn:,} GPUs; "
                          f"allowed: at most {L.MAX_WORLD:,} GPUs")
@@ -126,17 +119,24 @@ def scenario_from_table(raw: Mapping[str, Any], source: Path, name: str, questio
 def hardware_of(raw: Mapping[str, Any], source: Path) -> tuple[ModelSpec, ClusterSpec, int, int]:
     """(model, cluster, nodes, GPUs per node) of a scenario table, without its layout and
     batch (what `zerosim search` varies), checked as the loader checks them."""
-    base = source.parent
     top = read_table({k: v for k, v in raw.items() if k in {key.name for key in TOP_KEYS}}
                      | {"training": raw.get("training", {})}, TOP_KEYS, source)
+    model, cluster, gpn = _hardware(top, source)
+    return model, cluster, top["nodes"], gpn
+
+
+def _hardware(top: Mapping[str, Any], source: Path) -> tuple[ModelSpec, ClusterSpec, int]:
+    """The model (with its LoRA adapters), the cluster and the GPUs per node used."""
+    base = source.parent
     model = _model(top["model"], base, source)
     if top["lora"] is not None:
         model = with_lora(model, read_lora(top["lora"], source), source)
     cluster = _cluster(top["cluster"], base, source)
     gpn = top["gpus_per_node"] or cluster.gpus_per_node
     if gpn > cluster.gpus_per_node:
-        raise InputError(source, "gpus_per_node", f"{gpn} > the cluster's {cluster.gpus_per_node}")
-    return model, cluster, top["nodes"], gpn
+        raise InputError(source, "gpus_per_node", f"{gpn} > the cluster's {cluster.gpus_per_node} "
+                         f"({cluster.name}); allowed: 1..{cluster.gpus_per_node}")
+    return model, cluster, gpn
 
 
 def _with_aio(zero: ZeroConfig | None, raw: Mapping[str, Any], from_ds: bool, source: Path) -> ZeroConfig:
