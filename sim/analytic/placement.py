@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sim.analytic.params import embedding_params, layer_params, norm_params
-from sim.core.model import ModelSpec, Position, module_tree
+from sim.core.model import ModelSpec, ModuleSpec, Place, Position, module_tree
 
 
 def block_params_per_rank(m: ModelSpec, tp: int) -> float:
@@ -88,6 +88,25 @@ def rank_grad_shapes(m: ModelSpec, tp: int, pp: int, stage: int) -> list[tuple[i
     return out
 
 
+ROW_PARALLEL = (Place.ATTN_OUT, Place.FFN_OUT)
+
+
+def tp_shape(mod: ModuleSpec, shape: tuple[int, ...], tp: int) -> tuple[int, ...]:
+    """A tensor's shape on one tensor-parallel rank (Megatron's split, which torchtitan's
+    colwise / rowwise plans share): norms replicated; a row-parallel Linear's weight split
+    on its input features (dim 1 of nn.Linear's (out, in), dim 0 of GPT-2's Conv1D (in, out));
+    every other weight (column-parallel Linears, the vocab-parallel embedding and head) and
+    every bias on its output dimension (dim 0; dim 1 of a Conv1D weight). The elements are
+    rank_tensors' (ceil(numel / tp) where the split divides)."""
+    if tp == 1 or mod.kind == "norm":
+        return shape
+    dim = 0
+    if len(shape) == 2:
+        row = mod.place in ROW_PARALLEL
+        dim = (0 if row else 1) if mod.conv1d else (1 if row else 0)
+    return tuple(-(-d // tp) if i == dim else d for i, d in enumerate(shape))
+
+
 @dataclass(frozen=True, slots=True)
 class TensorGroup:
     """`count` identical parameter tensors of one pipeline stage (one per block it holds)."""
@@ -97,6 +116,7 @@ class TensorGroup:
     count: int
     in_block: bool
     trainable: bool = True      # False: LoRA's frozen base (no gradient, no optimizer state)
+    local_shape: tuple[int, ...] = ()   # its shape on one TP rank (tp_shape)
 
 
 def stage_census(m: ModelSpec, tp: int, pp: int, stage: int) -> list[TensorGroup]:
@@ -111,13 +131,14 @@ def stage_census(m: ModelSpec, tp: int, pp: int, stage: int) -> list[TensorGroup
     for mod in module_tree(replace(m, layers=1)):
         for t in mod.tensors:
             numel = t.numel if mod.kind == "norm" or tp == 1 else -(-t.numel // tp)
+            local = tp_shape(mod, t.shape, tp)
             if mod.block is not None:
-                block.append(TensorGroup(numel, t.shape, per, True, t.trainable))
+                block.append(TensorGroup(numel, t.shape, per, True, t.trainable, local))
             elif mod.kind == "embedding":
                 if stage == 0:
-                    before.append(TensorGroup(numel, t.shape, 1, False, t.trainable))
+                    before.append(TensorGroup(numel, t.shape, 1, False, t.trainable, local))
             elif stage == pp - 1:
-                after.append(TensorGroup(numel, t.shape, 1, False, t.trainable))
+                after.append(TensorGroup(numel, t.shape, 1, False, t.trainable, local))
     return before + block + after
 
 

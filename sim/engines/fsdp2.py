@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from sim.analytic.comm import dim0_padded
 from sim.analytic.kernels import memory
-from sim.analytic.placement import TensorGroup, trainable
+from sim.analytic.placement import TensorGroup, tp_shape, trainable
 from sim.analytic.volumes import fsdp2_engine_volume
 from sim.core.enums import Axis, Coll, Engine, ScheduleMode
 from sim.core.errors import InputError
@@ -66,8 +66,8 @@ class Fsdp2Planner(Planner):
         out: dict[int, int] = {}
         for mod in module_tree(self.m):
             unit = -1 if mod.block is None else mod.block
-            out[unit] = out.get(unit, 0) + sum(dim0_padded(t.shape, self.shard) for t in mod.tensors
-                                               if t.trainable or not trainable_only)
+            out[unit] = out.get(unit, 0) + sum(dim0_padded(tp_shape(mod, t.shape, self.layout.tp), self.shard)
+                                               for t in mod.tensors if t.trainable or not trainable_only)
         return out
 
     def hook_calls(self, use: Use) -> int:
@@ -211,8 +211,8 @@ class Fsdp2Planner(Planner):
 def fsdp2_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
     assert s.fsdp is not None
     dp = s.parallel.dp // s.fsdp.replicate_degree       # the shard group
-    shard = sum(dim0_padded(g.shape, dp) * g.count for g in trainable(census)) / dp
-    frozen = sum(dim0_padded(g.shape, dp) * g.count for g in census if not g.trainable) / dp
+    shard = sum(dim0_padded(g.local_shape, dp) * g.count for g in trainable(census)) / dp
+    frozen = sum(dim0_padded(g.local_shape, dp) * g.count for g in census if not g.trainable) / dp
     base = [Alloc(Mem.PARAMS, "frozen 16-bit base shards (LoRA)", 2.0 * frozen)]
     if s.fsdp.cpu_offload:
         return resident(s, [], [*base, Alloc(Mem.OPTIMIZER, "fp32 parameter, gradient and Adam shards "
@@ -231,18 +231,19 @@ def fsdp2_volume(s: Scenario) -> dict[str, float]:
     r = BYTES_PER_ELEMENT[f.reduce_dtype or f.param_dtype or t.precision.value]
     return fsdp2_engine_volume(s.model, s.parallel.dp, grad_accum=t.grad_accum, param_bytes=p, reduce_bytes=r,
                                reshard_after_forward=bool(f.reshard_after_forward), reshard_root=bool(f.reshard_root),
-                               clipping=t.gradient_clipping > 0, replicate=f.replicate_degree, post=f.post_forward)
+                               clipping=t.gradient_clipping > 0, replicate=f.replicate_degree, post=f.post_forward,
+                               tp=s.parallel.tp)
 
 
-def one_dimensional(s: Scenario) -> None:
-    """FSDP2 is simulated over data-parallel meshes (FSDP, HSDP) only (2D with TP, or PP: not
-    yet); HSDP's replicate degree divides dp, and an int reshard_after_forward is a non-trivial
-    divisor of the shard group (torch: 'a factor of the mesh shard dim size', not 1 nor it)."""
+def fsdp2_limits(s: Scenario) -> None:
+    """FSDP2 is simulated over data-parallel meshes (FSDP, HSDP) and with tensor parallelism
+    (torchtitan's 2D); with pipeline parallelism not yet. HSDP's replicate degree divides dp,
+    and an int reshard_after_forward is a non-trivial divisor of the shard group (torch: 'a
+    factor of the mesh shard dim size', not 1 nor it)."""
     source = s.path or "scenario"
-    for axis in ("tp", "pp"):
-        if getattr(s.parallel, axis) > 1:
-            raise InputError(source, f"parallel.{axis}", f"{axis} > 1 with FSDP2: {NOT_SIMULATED_YET} "
-                             "(2D/3D layouts are simulated with DeepSpeed and DDP); allowed: 1")
+    if s.parallel.pp > 1:
+        raise InputError(source, "parallel.pp", f"pp > 1 with FSDP2: {NOT_SIMULATED_YET} (pipelines are simulated "
+                         "with Megatron-Core, DeepSpeed ZeRO-0/1 and DDP); allowed: 1")
     f, dp = s.fsdp, s.parallel.dp
     assert f is not None
     if dp % f.replicate_degree:
@@ -258,4 +259,4 @@ def one_dimensional(s: Scenario) -> None:
 FSDP2 = EngineModel(
     name="fsdp2", summary="PyTorch FSDP2, fully_shard per transformer block and on the root",
     applies=lambda s: s.schedule_mode is ScheduleMode.IMPLEMENTED and s.engine is Engine.FSDP2,
-    planner=Fsdp2Planner, resident=fsdp2_resident, volume=fsdp2_volume, check=one_dimensional)
+    planner=Fsdp2Planner, resident=fsdp2_resident, volume=fsdp2_volume, check=fsdp2_limits)

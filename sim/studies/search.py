@@ -8,7 +8,7 @@
    Core (distributed optimizer, overlapped gradient reduction and parameter gather,
    sequence parallelism with t > 1), DeepSpeed ZeRO-1 (any t, p; Megatron-DeepSpeed), ZeRO-2
    and ZeRO-3 (p = 1, as DeepSpeed requires; ZeRO-3 also with CPU optimizer offload), FSDP2
-   and HSDP (shard groups of a node, one replica per node; t = p = 1). Each candidate is the scenario's table with those keys set, read by the
+   and HSDP (shard groups of a node, one replica per node; with TP, p = 1). Each candidate is the scenario's table with those keys set, read by the
    scenario loader: what a file could not hold is rejected with the loader's reason.
 2. Prune with the analytic twin: the memory report (sim.results.memory_report, an upper
    estimate of the peak) rejects what does not fit; a lower bound on the step
@@ -63,7 +63,8 @@ STRATEGIES: dict[str, dict[str, Any]] = {   # label: the scenario keys that choo
     "fsdp2 hsdp": {"fsdp": {"replicate_degree": "nodes"}},   # shard inside a node, replicate across nodes
 }
 PIPELINE_ENGINES = ("megatron", "deepspeed z1")      # DeepSpeed refuses ZeRO-2/3 with pipelines
-TENSOR_ENGINES = ("megatron", "deepspeed z1", "deepspeed z2", "deepspeed z3", "deepspeed z3+offload")
+TENSOR_ENGINES = ("megatron", "deepspeed z1", "deepspeed z2", "deepspeed z3", "deepspeed z3+offload", "fsdp2",
+                  "fsdp2 hsdp")
 
 
 @dataclass
@@ -119,8 +120,8 @@ def table_of(raw: Mapping[str, Any], keys: Mapping[str, Any]) -> dict[str, Any]:
     parallel.update(tp=keys["tp"], pp=keys["pp"])
     if keys.get("virtual_stages", 1) > 1:
         parallel["virtual_stages"] = keys["virtual_stages"]
-    if keys["strategy"] == "megatron" and keys["tp"] > 1:
-        parallel["sequence_parallel"] = True
+    if keys["strategy"] in ("megatron", "fsdp2", "fsdp2 hsdp") and keys["tp"] > 1:
+        parallel["sequence_parallel"] = True      # Megatron-Core's and torchtitan's TP plans
     elif "sequence_parallel" in parallel and keys["tp"] == 1:
         del parallel["sequence_parallel"]
     training = {k: v for k, v in dict(raw.get("training") or {}).items() if k not in ("grad_accum", "micro_batch")}

@@ -70,6 +70,7 @@ STRATEGIES: dict[str, dict] = {
     "fsdp2-no-reshard": {"fsdp": {"reshard_after_forward": False}},
     "fsdp2-reshard-root": {"fsdp": {"reshard_root": True}},
     "fsdp2-hsdp": {"fsdp": {"replicate_degree": 2}},
+    "fsdp2-tp2": {"fsdp": {}, "parallel": {"tp": 2, "sequence_parallel": True}},
     "fsdp2-hsdp-reshard-2": {"fsdp": {"replicate_degree": 2, "reshard_after_forward": 2}},
     "paper-zero0": {"zero": {"stage": 0}, "schedule": "paper"},
     "paper-zero1": {"zero": {"stage": 1}, "schedule": "paper"},

@@ -132,7 +132,8 @@ def test_refusals_are_the_simulators_own_and_non_step_metrics_are_named(shared_r
     reasons = [r.reason for r in shared_rows.values()]
     assert any("is not a step time or a throughput" in x for x in reasons)
     fsdp_tp = [r for r in shared_rows.values() if "FSDP2" in r.reason and "not simulated yet" in r.reason]
-    assert fsdp_tp and all(r.reason.startswith(f"published/{r.id}: parallel.tp") for r in fsdp_tp)
+    assert all(r.reason.startswith(f"published/{r.id}: parallel.pp") for r in fsdp_tp)   # 3D (PP) only
+    assert shared_rows["VP455"].usable and shared_rows["VP455"].scenario.parallel.tp > 1   # TorchTitan 2D
 
 
 # -- FLOP counts ---------------------------------------------------------------------------------
@@ -185,9 +186,13 @@ def test_rows_that_state_nothing_or_garbage_never_raise(tmp_path):
 
 
 def test_simulator_refusals_become_the_reason():
-    fsdp_tp = row_from_fields({**VP001, "framework": "TorchTitan (FSDP2 + DTensor TP/PP)", "tp": "8", "dp": "4",
+    stated = {**VP001, "inter_node_bw": "8x200 Gb/s HDR InfiniBand per node"}
+    fsdp_pp = row_from_fields({**stated, "framework": "TorchTitan (FSDP2 + DTensor TP/PP)", "tp": "4", "pp": "2",
+                               "dp": "4", "zero_stage": "3 (FSDP2 FSDP 4)", "micro_batch": "2"})
+    assert fsdp_pp.scenario is None and "parallel.pp" in fsdp_pp.reason and "not simulated yet" in fsdp_pp.reason
+    fsdp_tp = row_from_fields({**stated, "framework": "TorchTitan (FSDP2 + DTensor TP)", "tp": "8", "dp": "4",
                                "zero_stage": "3 (FSDP2 FSDP 4)", "micro_batch": "2"})
-    assert fsdp_tp.scenario is None and "parallel.tp" in fsdp_tp.reason and "not simulated yet" in fsdp_tp.reason
+    assert fsdp_tp.usable and fsdp_tp.scenario.parallel.tp == 8       # 2D: simulated
     nvme = row_from_fields({**VP001, "framework": "DeepSpeed ZeRO-Infinity", "zero_stage": "3",
                             "offload": "params+grads+optimizer to NVMe"})
     assert nvme.scenario is None and "nvme_bandwidth_GBps or nvme_TB" in nvme.reason   # no NVMe figures there
