@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sim.core.enums import ZeroStage
+from sim.core.enums import Axis, ZeroStage
 from sim.engines.plan import layout_of, plan
 from sim.engines.schedule import Collective, Mem, Phase, Send
 from sim.inputs.load import scenario_from_table
@@ -37,6 +37,8 @@ def validation_scenario(strategy: str, model: dict[str, Any], world: int, *, seq
         table["fsdp"] = {"reshard_after_forward": {"fsdp2-no-reshard": False, "fsdp2-reshard-2": 2}.get(strategy, True)}
         if strategy == "fsdp2-hsdp":
             table["fsdp"]["replicate_degree"] = 2
+        if strategy == "fsdp2-tp2":
+            table["parallel"] = {"tp": 2, "sequence_parallel": True}
         if reshard_root is not None:
             table["fsdp"]["reshard_root"] = reshard_root
     if engine in ("ddp", "ddp-zero-redundancy"):
@@ -46,20 +48,23 @@ def validation_scenario(strategy: str, model: dict[str, Any], world: int, *, seq
     return scenario_from_table(table, Path("sim/validate/compare.py"), f"validate-{strategy}-{world}")
 
 
-def planned(s: Scenario) -> list[tuple[str, str, int, int]]:
-    """(phase, op, bytes, group size) of every collective of one step, in issue order."""
+def planned(s: Scenario, *, tensor_parallel: bool = True) -> list[tuple[str, str, int, int]]:
+    """(phase, op, bytes, group size) of every collective of one step, in issue order
+    (without the TP group's with `tensor_parallel` false)."""
     layout = layout_of(s)
     out = []
     for op in sorted(plan(s).ops(0), key=lambda o: o.id):
-        if isinstance(op, Collective | Send):
+        if isinstance(op, Collective | Send) and (tensor_parallel or op.axis is not Axis.TP):
             size = len(layout.group(op.axis, 0))
             out.append((PHASES[op.phase], op.coll.value, int(op.nbytes), size))
     return out
 
 
-def recorded(log: list[dict[str, Any]], step: int) -> list[tuple[str, str, int, int]]:
+def recorded(log: list[dict[str, Any]], step: int, *, functional: bool = True) -> list[tuple[str, str, int, int]]:
+    """The recorded collectives of step `step` (without DTensor's functional ones, the
+    tensor-parallel collectives, with `functional` false)."""
     return [(e["phase"].split("/")[1], e["op"], int(e["nbytes"]), int(e["group_size"]))
-            for e in log if e["phase"].startswith(f"{step}/")]
+            for e in log if e["phase"].startswith(f"{step}/") and (functional or not e.get("functional"))]
 
 
 def planned_state(s: Scenario) -> dict[str, float]:

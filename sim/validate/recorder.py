@@ -29,6 +29,18 @@ OPS = {
 }
 
 
+funcol = torch.ops._c10d_functional
+# DTensor's functional collectives (tensor parallelism): op -> (name, output elements per input element: the
+# group size for an all-gather, 1 for a reduce-scatter's input and an all-reduce's buffer)
+FUNCTIONAL = {funcol.all_gather_into_tensor: "all_gather", funcol.reduce_scatter_tensor: "reduce_scatter",
+              funcol.all_reduce: "all_reduce", funcol.all_reduce_: "all_reduce"}
+
+
+def _group_size(name: str) -> int:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    return _resolve_process_group(name).size()
+
+
 def _tensors(x: Any) -> list[torch.Tensor]:
     if isinstance(x, torch.Tensor):
         return [x]
@@ -48,6 +60,7 @@ class Collective:
     group_size: int
     phase: str
     order: int
+    functional: bool = False    # a DTensor functional collective (tensor parallelism), not a c10d one
 
 
 @dataclass
@@ -64,7 +77,11 @@ class CollectiveRecorder(TorchDispatchMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         packet = func._overloadpacket
-        if packet in OPS:
+        if packet in FUNCTIONAL:     # (input, [reduce op,] [group size,] group name)
+            name, group = FUNCTIONAL[packet], _group_size(args[-1])
+            nbytes = _nbytes(_tensors(args[0])) * (group if name == "all_gather" else 1)
+            self.log.append(Collective(name, nbytes, group, self.phase, len(self.log), functional=True))
+        elif packet in OPS:
             name, where = OPS[packet]
             if where == "out" or (where == "in" and name == "reduce_scatter"):
                 nbytes = _nbytes(_tensors(args[0] if where == "out" else args[1]))

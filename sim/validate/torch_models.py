@@ -59,14 +59,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        m = self.m
-        q = apply_rotary(self.q_proj(x).view(b, s, m.heads, m.head_dim).transpose(1, 2), cos, sin)
-        k = apply_rotary(self.k_proj(x).view(b, s, m.kv_heads, m.head_dim).transpose(1, 2), cos, sin)
-        v = self.v_proj(x).view(b, s, m.kv_heads, m.head_dim).transpose(1, 2)
+        m = self.m    # heads counted from the projections' width: a tensor-parallel rank holds 1/t of them
+        q = apply_rotary(self.q_proj(x).view(b, s, -1, m.head_dim).transpose(1, 2), cos, sin)
+        k = apply_rotary(self.k_proj(x).view(b, s, -1, m.head_dim).transpose(1, 2), cos, sin)
+        v = self.v_proj(x).view(b, s, -1, m.head_dim).transpose(1, 2)
         rep = m.heads // m.kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, m.q_dim))
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 
 
 class Mlp(nn.Module):

@@ -184,6 +184,41 @@ def _hsdp_mesh() -> Any:
     return init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
 
 
+def _tensor_parallel(model: nn.Module) -> Any:
+    """torchtitan's TP plan (torchtitan/models/llama3/infra/parallelize.py, with sequence
+    parallelism) on a (dp, 2) mesh, tp innermost; returns the dp mesh for fully_shard."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+    tp = mesh["tp"]
+    parallelize_module(model, tp, {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "model.norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    })
+    for block in getattr(getattr(model, "model"), "layers"):
+        parallelize_module(block, tp, {
+            "input_layernorm": SequenceParallel(),
+            "self_attn": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                            desired_input_layouts=(Replicate(), None, None)),
+            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+            "post_attention_layernorm": SequenceParallel(),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+        })
+    return mesh["dp"]
+
+
 def _wrap(model: nn.Module, strategy: str, dtype: torch.dtype, *, broadcast_buffers: bool = True,
           reshard_root: bool | None = None) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
     """Wrap as the strategy does; returns (model, optimizer, zero-redundancy partition or None).
@@ -200,6 +235,8 @@ def _wrap(model: nn.Module, strategy: str, dtype: torch.dtype, *, broadcast_buff
         from torch.distributed.fsdp import fully_shard
         reshard: bool | int = {"fsdp2-no-reshard": False, "fsdp2-reshard-2": 2}.get(strategy, True)
         mesh = _hsdp_mesh() if strategy == "fsdp2-hsdp" else None
+        if strategy == "fsdp2-tp2":
+            mesh = _tensor_parallel(model)
         blocks = (list(getattr(getattr(model, "model"), "layers")) if hasattr(model, "model")
                   else [m for m in model.children() if isinstance(m, nn.Linear)])
         for block in blocks:
