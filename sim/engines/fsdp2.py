@@ -46,6 +46,7 @@ class Fsdp2Planner(Planner):
         self.f = f
         self.shard = layout.shard or layout.dp          # ranks a parameter is sharded over (HSDP: dp / r)
         self.replicas = layout.dp // self.shard
+        self.shard_axis = Axis.DP_SHARD if self.replicas > 1 else Axis.DP   # plain FSDP: the whole dp group
         self.post = f.post_forward                      # int reshard_after_forward: k, else 0
         self.p_bytes = self.elem(f.param_dtype or self.half)
         self.r_bytes = self.elem(f.reduce_dtype or f.param_dtype or self.half)
@@ -137,7 +138,7 @@ class Fsdp2Planner(Planner):
         from_post = phase is Phase.BWD and self.post and unit != -1   # from the post-forward k-way shards
         self.ag[key] = self.collective(
             Stream.ALLGATHER, Coll.ALL_GATHER, nbytes, f"all-gather {'root' if unit == -1 else f'block {unit}'}",
-            phase, ms, deps=deps, layer=None if unit == -1 else unit, axis=Axis.DP_POST if from_post else Axis.DP_SHARD,
+            phase, ms, deps=deps, layer=None if unit == -1 else unit, axis=Axis.DP_POST if from_post else self.shard_axis,
             alloc=(Alloc(Mem.PARAMS, f"unsharded unit {unit}", nbytes),),
             free=(self._post_shard(unit),) if from_post else (), purpose="fetch" if unit != -1 else "root")
         return self.ag[key]
@@ -175,7 +176,7 @@ class Fsdp2Planner(Planner):
         rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, nbytes,
                              f"reduce-scatter {'root' if unit == -1 else f'block {unit}'}", Phase.BWD, ms,
                              deps=[copy_in], layer=None if unit == -1 else unit, free=(grads,), purpose="grad",
-                             axis=Axis.DP_SHARD)
+                             axis=self.shard_axis)
         self.prev_rs, self.last_rs = rs, rs
         if self.replicas > 1:   # HSDP: the shard's gradient all-reduced over the replicas (foreach_reduce)
             self.last_rs = self.collective(Stream.ALLREDUCE, Coll.ALL_REDUCE, nbytes / self.shard,

@@ -36,6 +36,6 @@ def test_an_int_reshard_keeps_1_over_k_and_gathers_inside_k_ranks():
     full, two, kept = run(), run(reshard_after_forward=2), run(reshard_after_forward=False)
     g = groups(two)
     assert g[("all_gather", "dp_post")]["group_size"] == 2
-    assert g[("all_gather", "dp_shard")]["count"] == groups(kept)[("all_gather", "dp_shard")]["count"]
+    assert g[("all_gather", "dp")]["count"] == groups(kept)[("all_gather", "dp")]["count"]   # plain FSDP: dp
     params = lambda r: r.peak_pool().peak_breakdown.get(Mem.PARAMS, 0.0)  # noqa: E731
     assert params(full) < params(two) < params(kept)
