@@ -22,6 +22,7 @@ from sim.analytic.kernel_time import kernel_time as kernel_seconds
 from sim.core.perf import paused_gc
 from sim.des.class_plan import ClassPlan
 from sim.des.host import HostClock, HostPlan, fold_synchronous
+from sim.des.host_resources import host_key, host_links, shared_links
 from sim.des.memory_pool import MemoryPool
 from sim.des.network import FlowNetwork
 from sim.des.transfers import Transfer, collective_transfers, copy_transfers, exclusive_times, send_transfers
@@ -143,7 +144,7 @@ class EventEngine:
         for r in self.ranks:
             for link in opcost.LinkClass:
                 capacity[(r, link)] = opcost.link_capacity(link, cluster)
-            capacity.update(self._host_links(r))
+            capacity.update(host_links(r, full=self.mode is Mode.FULL, s=self.scenario, layout=self.layout))
         self.network = FlowNetwork(self.env, capacity)
         self.pools = {r: MemoryPool(r, cluster.gpu.memory) for r in self.ranks}
         self._class = {r: self.layout.class_of(r) for r in self.ranks}
@@ -159,39 +160,9 @@ class EventEngine:
         # a CPU process pays its host costs inline (fold_synchronous); a GPU's host issues ahead (HostClock)
         self._inline_host = self.host and cluster.host.synchronous and not self.serial
 
-    # -- the host side a node's ranks share ------------------------------------------------
-    def _host_links(self, rank: int) -> dict[Any, float]:
-        """Capacities of the host-side resources `rank` uses: its PCIe switch's uplink to the
-        CPU (per direction), the node's NVMe (reads and writes share it: sim.des.transfers)
-        and the node's CPU for CPU-Adam and host casts (in seconds of the whole node's CPU
-        per second). Full mode simulates every rank, so the ranks of a node (of a switch)
-        share one resource and a rank that steps alone gets all of it; representative mode
-        simulates one rank of identical ones that step together, each at its static share."""
-        s, c = self.scenario, self.scenario.cluster
-        n = s.gpus_per_node
-        nvme = opcost.nvme_bandwidth(c, n, write=False, aio=s.zero.aio if s.zero else None)
-        if self.mode is Mode.FULL:
-            uplink, nvme, cpu = c.host.pcie.achievable_bandwidth, nvme * n, 1.0
-        else:
-            uplink, cpu = opcost.pcie_bandwidth(c), 1.0 / n
-        return {self._host_key(rank, Stream.H2D): uplink, self._host_key(rank, Stream.D2H): uplink,
-                self._host_key(rank, Stream.NVME_READ): nvme, self._host_key(rank, Stream.CPU): cpu}
-
+    # -- the host side a node's ranks share (sim.des.host_resources) ------------------------
     def _host_key(self, rank: int, kind: Stream) -> Any:
-        """The flow-network key of a host-side resource of `rank` (its own in representative
-        mode; its switch's or node's in full mode)."""
-        if self.mode is not Mode.FULL:
-            return (rank, kind)
-        node, local = self.layout.node(rank), rank % self.scenario.gpus_per_node
-        if kind in (Stream.H2D, Stream.D2H):
-            return ("pcie switch", node, local // self.scenario.cluster.host.gpus_per_pcie_switch, kind)
-        return ("node", node, kind)
-
-    def _shared(self, links: tuple[tuple[Any, float], ...]) -> tuple[tuple[Any, float], ...]:
-        """`links` with each host-side (rank, stream) key replaced by its shared key."""
-        if self.mode is not Mode.FULL:
-            return links
-        return tuple(((self._host_key(*key), m) if isinstance(key[1], Stream) else (key, m)) for key, m in links)
+        return host_key(rank, kind, full=self.mode is Mode.FULL, s=self.scenario, layout=self.layout)
 
     def _cpu_step(self, rank: int, op: CpuStep) -> Generator[simpy.Event, Any, None]:
         """Full mode: CPU-Adam and host casts as work on the node's CPU, shared by the ranks
@@ -363,7 +334,8 @@ class EventEngine:
     def _transfer(self, transfers: list[Transfer]) -> Generator[simpy.Event, Any, None]:
         for t in transfers:
             yield self.env.timeout(t.latency)
-            yield self.network.transfer(t.nbytes, self._shared(t.links), t.rate)
+            yield self.network.transfer(t.nbytes, shared_links(t.links, full=self.mode is Mode.FULL,
+                                                               s=self.scenario, layout=self.layout), t.rate)
 
     def _exclusive_times(self, k: int, cls: ClassSchedule) -> dict[int, float]:
         """Representative mode: closed-form times of the ops that always have their links to
