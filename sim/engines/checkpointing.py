@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from functools import cached_property
-from typing import TYPE_CHECKING
 
 from sim.analytic import activations as act
 from sim.analytic import kernels as kn
@@ -16,11 +15,9 @@ from sim.core.enums import Axis, Coll
 from sim.core.model import ModelSpec
 from sim.engines.layout import Layout
 from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Stream
+from sim.engines.uses import Use
 from sim.engines.workload import Unit
 from sim.inputs.scenario import Scenario, Training
-
-if TYPE_CHECKING:
-    from sim.engines.skeleton import Use
 
 
 class Checkpointing:

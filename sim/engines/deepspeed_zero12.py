@@ -34,7 +34,8 @@ from sim.engines.offload import DeepSpeedCpuAdam, delayed_update
 from sim.engines.policies import GpuAdam
 from sim.engines.resident import Resident, frozen_base, half_bytes, resident
 from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, Stream
-from sim.engines.skeleton import B, Planner, Use
+from sim.engines.skeleton import Planner
+from sim.engines.uses import B, Use
 from sim.inputs.scenario import Scenario
 
 STAGE0_BUCKET = 500_000_000  # MEMORY_OPT_ALLREDUCE_SIZE (deepspeed/runtime/constants.py)

@@ -41,7 +41,8 @@ from sim.engines.offload import Zero3OffloadStep, cpu_share, delayed_update
 from sim.engines.policies import GpuAdam
 from sim.engines.resident import Resident
 from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Schedule, Stream
-from sim.engines.skeleton import B, C, F, Planner, Use
+from sim.engines.skeleton import Planner
+from sim.engines.uses import B, C, F, Use
 from sim.engines.zero3_memory import zero3_resident
 from sim.engines.zeropp import ZeroPlusPlus, qgz_reduce
 from sim.inputs.scenario import Scenario

@@ -49,7 +49,8 @@ from sim.engines.model import EngineModel
 from sim.engines.policies import GpuAdam
 from sim.engines.resident import Resident, resident
 from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, Stream
-from sim.engines.skeleton import B, F, Planner, Use
+from sim.engines.skeleton import Planner
+from sim.engines.uses import B, F, Use
 from sim.inputs.scenario import Scenario
 from sim.inputs.scenario_tables import MegatronConfig
 

@@ -24,7 +24,8 @@ from sim.engines.model import EngineModel
 from sim.engines.policies import GpuAdam
 from sim.engines.resident import Resident, half_bytes, resident
 from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Stream
-from sim.engines.skeleton import B, F, Planner, R, Use
+from sim.engines.skeleton import Planner
+from sim.engines.uses import B, F, R, Use
 from sim.engines.workload import Unit
 from sim.inputs.scenario import Scenario
 from sim.inputs.schema import NOT_SIMULATED_YET

@@ -12,8 +12,6 @@ the hooks to add collectives, copies and their ordering constraints.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from functools import cached_property
 
 from sim.analytic import activations as act
@@ -28,29 +26,9 @@ from sim.engines.layout import Layout
 from sim.engines.policies import OptimizerPlacement, Part, pipeline_order
 from sim.engines.resident import Resident
 from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, PipeTag, Schedule, Stream
+from sim.engines.uses import B, F, R, Use
 from sim.engines.workload import EMBEDDINGS, Shape, Unit, blocks, units
 from sim.inputs.scenario import Scenario
-
-
-class UseKind(StrEnum):
-    FORWARD = "F"
-    RECOMPUTE = "R"        # the forward run again in backward (full recomputation)
-    BACKWARD = "B"
-    CONTAINER = "C"        # entering a module with children (DeepSpeed ZeRO-3 hooks it too)
-
-
-F, R, B, C = UseKind.FORWARD, UseKind.RECOMPUTE, UseKind.BACKWARD, UseKind.CONTAINER
-
-
-@dataclass(frozen=True, slots=True)
-class Use:
-    """One use of a granule in the trace of a micro-step."""
-
-    what: UseKind
-    index: int           # granule index (-1 for a container)
-    micro_step: int
-
-
 
 
 class Planner(Checkpointing):

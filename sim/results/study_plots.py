@@ -55,8 +55,8 @@ def _lines(ax: Axes, df: pd.DataFrame, x: str, y: str, by: str, scale: float = 1
         if "fits" in part.columns:
             bad = part[~part["fits"].astype(bool)]
             if not bad.empty:
-                ax.plot(bad[x], bad[y] / scale, linestyle="none", marker="o", markerfacecolor="white",
-                        markeredgecolor=line.get_color())
+                ax.plot(bad[x], bad[y] / scale, linestyle="none", marker="o", markersize=9, markerfacecolor="white",
+                        markeredgecolor=line.get_color(), markeredgewidth=1.5, zorder=3)
     ax.legend(fontsize=8, title=by)
     ax.grid(alpha=0.3)
     return ax

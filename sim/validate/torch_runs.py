@@ -79,7 +79,7 @@ def spawn(world: int, worker: str, config: dict[str, Any], attempts: int = 2, *,
     """
     timeout_s = _settings["timeout_s"] if timeout_s is None else timeout_s
     log = _settings["log"] if log is None else os.fspath(log)
-    if worker == "train_deepspeed":
+    if "train_deepspeed" in (worker, config.get("worker")):
         check_build_locks()   # DeepSpeed may build ops just in time: a stale lock hangs every rank
     for attempt in range(attempts):
         with tempfile.TemporaryDirectory() as tmp:

@@ -275,7 +275,7 @@ def test_zero_features_not_simulated_yet(tmp_path, capsys, command, zero):
 
 @pytest.mark.parametrize("text", [
     SCENARIO.replace("stage = 3", 'stage = 2\noffload_optimizer = "cpu"').replace("nodes = 2", 'nodes = 2\nschedule = "paper"'),
-    SCENARIO.replace("[zero]\nstage = 3\n", "[fsdp]\n").replace("nodes = 2", "nodes = 2\n[parallel]\ntp = 2"),
+    SCENARIO.replace("[zero]\nstage = 3\n", "[fsdp]\n").replace("nodes = 2", "nodes = 2\n[parallel]\npp = 2"),
     SCENARIO.replace("[zero]\nstage = 3\n", '[ddp]\nparameters_as_bucket_view = true\n').replace(
         "nodes = 2", 'nodes = 2\nengine = "ddp-zero-redundancy"'),
 ])

@@ -19,16 +19,35 @@ CASES = [(world, accum, stage, MODEL, {}) for world, accum in ((2, 1), (4, 2)) f
 CASES.append((2, 1, 3, WIDE, PER_MODULE))
 
 
-@pytest.fixture(scope="module", params=range(len(CASES)),
+def _config(world: int, accum: int, model: dict, zero: dict, stage: int) -> dict:
+    return {"model": model, "seq_len": 32, "micro_batch": 2, "grad_accum": accum, "steps": 3,
+            "zero": {"stage": stage, **zero}}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Every case of a world in one process group (the `cases` worker), started once per world
+    when a test first asks for it: one start and one import of DeepSpeed for all its stages."""
+    done: dict[int, list[list]] = {}
+
+    def of(index: int) -> list:
+        world = CASES[index][0]
+        if world not in done:
+            mine = [c for c in CASES if c[0] == world]
+            configs = [_config(w, a, m, z, s) for w, a, s, m, z in mine]
+            ranks = spawn(world, "cases", {"worker": "train_deepspeed", "cases": configs})
+            done[world] = [[r["cases"][i] for r in ranks] for i in range(len(mine))]
+        return done[world][[i for i, c in enumerate(CASES) if c[0] == world].index(index)]
+    return of
+
+
+@pytest.fixture(params=range(len(CASES)),
                 ids=[f"zero{c[2]}-world{c[0]}-accum{c[1]}{'-per-module' if c[4] else ''}" for c in CASES])
-def case(request):
+def case(request, runs):
     world, accum, stage, model, zero = CASES[request.param]
-    cfg = {"model": model, "seq_len": 32, "micro_batch": 2, "grad_accum": accum, "steps": 3,
-           "zero": {"stage": stage, **zero}, "port": 29700 + request.param}
-    ranks = spawn(world, "train_deepspeed", cfg)
     scenario = validation_scenario(f"deepspeed-zero{stage}", model, world, seq_len=32, micro_batch=2,
                                    grad_accum=accum, zero=zero)
-    return scenario, ranks, stage
+    return scenario, runs(request.param), stage
 
 
 def test_collective_sequence_matches_exactly(case):
