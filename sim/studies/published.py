@@ -219,8 +219,6 @@ def _schedule_notes(f: Mapping[str, str], pp: int, megatron: bool, notes: list[s
         notes.append("interleaved 1F1B without a stated number of chunks: simulated as plain 1F1B")
     if "compile" in text:
         notes.append("torch.compile not modelled")
-    if "overlap" in text and "tp-comm-overlap" in text:
-        notes.append("TP communication overlap not modelled")
     return chunks
 
 

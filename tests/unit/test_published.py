@@ -88,6 +88,7 @@ def test_megatron_core_rows_take_the_flags_they_name(shared_rows):
     assert s.engine is Engine.MEGATRON and s.megatron is not None
     assert s.megatron.distributed_optimizer and s.megatron.overlap_grad_reduce and s.megatron.overlap_param_gather
     assert s.megatron.tp_comm_overlap and s.parallel.sequence_parallel
+    assert not any("TP communication" in a for a in shared_rows["VP054"].assumptions)   # simulated, not a gap
     tp1 = shared_rows["VP051"]               # the same flags at tp = 1: nothing to overlap
     assert tp1.usable and not tp1.scenario.megatron.tp_comm_overlap
     assert any("tp = 1" in a for a in tp1.assumptions)
