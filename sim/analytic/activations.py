@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from sim.analytic import op_sac
 from sim.core.enums import Recompute
 from sim.core.model import Family, ModelSpec, Place, module_tree
 
@@ -46,7 +47,8 @@ def korthikanti_layer_bytes(seq_len: int, batch: int, hidden: int, heads: int, *
 
 def layer_activation_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1,
                            sequence_parallel: bool = False,
-                           recompute: Recompute = Recompute.NONE, value_bytes: int = 2) -> float:
+                           recompute: Recompute = Recompute.NONE, value_bytes: int = 2,
+                           flash: bool = False) -> float:
     """Saved tensors of one block of `m`, summed the way Korthikanti et al. do (bytes).
 
     Per token: replicated across TP (unless sequence parallel) are the two norm inputs
@@ -55,18 +57,29 @@ def layer_activation_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 
     input (2q) and the MLP intermediates (plain: GeLU input + fc2 input, 4I; gated, as
     HF's unfused SwiGLU: gate, silu(gate), up, product, 8I). Attention core: softmax
     output 2as, plus mask as and dropout output 2as with dropout. For GPT-2 shapes this
-    is exactly 34 s b h + 5 a s^2 b. MoE layers keep the top-k experts' intermediates.
-    `value_bytes` = 4 for fp32 training scales everything (masks included, a slight excess).
+    is exactly 34 s b h + 5 a s^2 b. A fused (`flash`) attention kernel keeps no scores:
+    only its output (the projection input above) and the log-sum-exp of each row, 4 bytes
+    per head and token in fp32 (Dao et al. 2022 Sec. 3.1: O(N) memory; dropout is
+    regenerated from the RNG state), with or without selective recomputation. MoE layers
+    keep the top-k experts' intermediates. `value_bytes` = 4 for fp32 training scales
+    everything but the log-sum-exp (masks included, a slight excess). torchtitan's per-op
+    selective checkpointing keeps what sim.analytic.op_sac counts.
     """
     h, s, b = m.hidden, seq_len, batch
     scale = value_bytes / 2
     if recompute is Recompute.FULL:
         return scale * 2.0 * s * b * h / (tp if sequence_parallel else 1)
+    if recompute is Recompute.SELECTIVE_OP:
+        return op_sac.kept_bytes_per_token(m, tp=tp, sequence_parallel=sequence_parallel,
+                                           value_bytes=value_bytes) * s * b
     dropout = m.family is Family.GPT2
     replicated = 8 * h + (2 * h if dropout else 0)
     intermediates = (8 if m.gated_mlp else 4) * m.ffn_hidden * min(m.experts_per_token, m.experts)
     split = 2 * (m.q_dim + 2 * m.kv_dim) + 2 * m.q_dim + intermediates
-    core = 0.0 if recompute is Recompute.SELECTIVE else (5 if dropout else 2) * m.heads * s
+    if flash:
+        core = 4.0 * m.heads / scale       # unscaled: the log-sum-exp is fp32 whatever the training precision
+    else:
+        core = 0.0 if recompute is Recompute.SELECTIVE else (5 if dropout else 2) * m.heads * s
     if m.lora is not None:   # tp = 1 with LoRA (refused otherwise)
         split += lora_saved_change(m)
     per_token = (replicated + split + core) / tp if sequence_parallel else replicated + (split + core) / tp
@@ -95,12 +108,18 @@ def lora_saved_change(m: ModelSpec) -> int:
 
 def recompute_working_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1,
                             sequence_parallel: bool = False, recompute: Recompute,
-                            value_bytes: int = 2) -> float:
-    """Extra live bytes while one block is recomputed in backward (full recompute only)."""
-    if recompute is not Recompute.FULL:
+                            value_bytes: int = 2, flash: bool = False) -> float:
+    """Extra live bytes while one block is recomputed in backward: its full activations
+    (full recompute), or what they hold beyond the saved ones (per-op selective)."""
+    if recompute not in (Recompute.FULL, Recompute.SELECTIVE_OP):
         return 0.0
-    return layer_activation_bytes(m, seq_len, batch, tp=tp, sequence_parallel=sequence_parallel,
-                                  value_bytes=value_bytes)
+    full = layer_activation_bytes(m, seq_len, batch, tp=tp, sequence_parallel=sequence_parallel,
+                                  value_bytes=value_bytes, flash=flash)
+    if recompute is Recompute.FULL:
+        return full
+    kept = layer_activation_bytes(m, seq_len, batch, tp=tp, sequence_parallel=sequence_parallel,
+                                  recompute=recompute, value_bytes=value_bytes)
+    return max(0.0, full - kept)
 
 
 def outside_layers_activation_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1,
@@ -110,6 +129,21 @@ def outside_layers_activation_bytes(m: ModelSpec, seq_len: int, batch: int, *, t
     s, b, h = seq_len, batch, m.hidden
     mask = s * b * h if m.family is Family.GPT2 else 0
     return mask + 2.0 * value_bytes * s * b * h + 4.0 * s * b * m.vocab / tp
+
+
+def loss_backward_transient_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1,
+                                  value_bytes: int = 2, megatron: bool = False) -> float:
+    """Bytes the loss's backward allocates for a moment on top of the kept fp32 logits
+    (4 s b V / t). PyTorch's cross-entropy (log_softmax + nll_loss, torch and HF code): the
+    gradient of the saved log-softmax output and the gradient of its input, both fp32, live
+    while that output is (aten `_log_softmax_backward_data` allocates its result): 8 s b V / t.
+    Megatron's vocab-parallel cross-entropy computes its gradient in the saved softmax
+    buffer in place (megatron/core/tensor_parallel/cross_entropy.py, backward); only the
+    cast back to the 16-bit logits' type allocates: 2 s b V / t (none in fp32)."""
+    elements = seq_len * batch * m.vocab / tp
+    if megatron:
+        return 2.0 * elements if value_bytes < 4 else 0.0
+    return 8.0 * elements
 
 
 def inflight_microbatches(pp: int, grad_accum: int, stage: int = 0, virtual_stages: int = 1) -> int:

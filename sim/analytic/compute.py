@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim.analytic import op_sac
 from sim.analytic.params import active_params, attention_params, expert_params
 from sim.core.enums import Recompute
 from sim.core.model import ModelSpec, module_tree
@@ -67,7 +68,8 @@ def step_flops(m: ModelSpec, seq_len: int, global_batch: int, *,
 
     Hardware FLOPs add the recomputed forward: the whole block forward for full
     recompute (of `recomputed_layers` blocks, default all), the attention core for
-    selective (Korthikanti et al. Sec. 5).
+    selective (Korthikanti et al. Sec. 5), every second matmul for torchtitan's per-op
+    selective policy (sim.analytic.op_sac).
     """
     tokens = seq_len * global_batch
     model = model_flops_per_token(m, seq_len, causal=causal) * tokens
@@ -76,6 +78,8 @@ def step_flops(m: ModelSpec, seq_len: int, global_batch: int, *,
         extra = per_seq.forward
     elif recompute is Recompute.SELECTIVE:
         extra = per_seq.attention_core_forward
+    elif recompute is Recompute.SELECTIVE_OP:
+        extra = op_sac.recomputed_flops_per_token(m) * seq_len
     else:
         extra = 0.0
     layers = m.layers if recomputed_layers is None or recompute is not Recompute.FULL else recomputed_layers

@@ -27,6 +27,7 @@ class Convention(StrEnum):
 class Recompute(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"  # attention core recomputed (Korthikanti Sec. 5); = FlashAttention
+    SELECTIVE_OP = "selective-op"  # torchtitan's per-op policy: every second matmul and the cheap ops (op_sac)
     FULL = "full"            # only each block's input is kept
 
 

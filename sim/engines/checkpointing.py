@@ -11,7 +11,7 @@ from functools import cached_property
 
 from sim.analytic import activations as act
 from sim.analytic import kernels as kn
-from sim.core.enums import Axis, Coll
+from sim.core.enums import AttentionImpl, Axis, Coll
 from sim.core.model import ModelSpec
 from sim.engines.layout import Layout
 from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Stream
@@ -70,7 +70,8 @@ class Checkpointing:
         p = self.s.parallel
         return act.layer_activation_bytes(self.m, self.t.seq_len, self.t.micro_batch, tp=p.tp,
                                           sequence_parallel=p.sequence_parallel, recompute=rc,
-                                          value_bytes=self.elem(self.half))
+                                          value_bytes=self.elem(self.half),
+                                          flash=self.s.compute.attention is AttentionImpl.FLASH)
 
     @cached_property
     def _segments(self) -> dict[int, range]:
@@ -100,6 +101,17 @@ class Checkpointing:
         if segment is None:
             return self.block_activation_bytes(act.Recompute.NONE)
         return self.block_activation_bytes(act.Recompute.FULL) if block == segment[0] else 0.0
+
+    @cached_property
+    def op_working_bytes(self) -> float:
+        """Per-op selective checkpointing: what a block's recomputation adds to the saved
+        activations while its backward runs (sim.analytic.op_sac)."""
+        return max(0.0, self.block_activation_bytes(act.Recompute.NONE) - self.block_activation_bytes())
+
+    def block_op_recompute(self, block: int | None) -> tuple[kn.Kernel, ...]:
+        """The forward kernels per-op selective checkpointing runs again for `block`, all
+        at once when its backward begins (every granule of the block)."""
+        return tuple(k for g in self.granules if g.block == block for k in g.op_recompute)
 
     def starts_segment(self, block: int | None) -> bool:
         segment = self.segment_of(block)

@@ -17,7 +17,7 @@ from functools import cached_property
 from sim.analytic import activations as act
 from sim.analytic.kernels import Kernel
 from sim.analytic.placement import TensorGroup, stage_census
-from sim.core.enums import Axis, Coll
+from sim.core.enums import Axis, Coll, KernelStyle
 from sim.core.model import Role
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.builder import Builder
@@ -250,8 +250,13 @@ class Planner(Checkpointing):
                 op = self.tensor_parallel(use, 2) or op
         else:
             extra = g.selective if self.t.recompute is act.Recompute.SELECTIVE else ()
+            if self.t.recompute is act.Recompute.SELECTIVE_OP and last_of_block:
+                self.compute(f"recompute (per-op) block {g.block}", Phase.BWD, use.micro_step,
+                             self.block_op_recompute(g.block), layer, deps,
+                             alloc=(Alloc(Mem.ACTIVATIONS, f"recomputed block {g.block}", self.op_working_bytes),))
+            transient = (Alloc(Mem.ACTIVATIONS, "loss backward", self.loss_transient_bytes()),) if head else ()
             self.compute(f"bwd-input {g.name}", Phase.BWD, use.micro_step, extra + g.passes.backward_input, layer,
-                         deps, join=join, hooks=hooks)
+                         deps, join=join, hooks=hooks, alloc=transient, free=transient)
             if first_of_block:
                 self.tensor_parallel(use, 2)
             free: tuple[Alloc, ...] = ()
@@ -260,6 +265,8 @@ class Planner(Checkpointing):
                 if self.segment_of(g.block) is not None:
                     full = self.block_activation_bytes(act.Recompute.NONE)
                     free += (Alloc(Mem.ACTIVATIONS, f"recomputed block {g.block}", full),)
+                elif self.t.recompute is act.Recompute.SELECTIVE_OP:
+                    free += (Alloc(Mem.ACTIVATIONS, f"recomputed block {g.block}", self.op_working_bytes),)
             elif head:
                 free = (Alloc(Mem.ACTIVATIONS, "activations head", self.head_activation_bytes()),)
             op = self.compute(f"bwd-weight {g.name}", Phase.BWD, use.micro_step, g.passes.backward_weight, layer,
@@ -292,6 +299,11 @@ class Planner(Checkpointing):
     def head_activation_bytes(self) -> float:
         return act.outside_layers_activation_bytes(self.m, self.t.seq_len, self.t.micro_batch,
                                                    tp=self.s.parallel.tp, value_bytes=self.elem(self.half))
+
+    def loss_transient_bytes(self) -> float:
+        return act.loss_backward_transient_bytes(self.m, self.t.seq_len, self.t.micro_batch, tp=self.s.parallel.tp,
+                                                 value_bytes=self.elem(self.half),
+                                                 megatron=self.s.compute.kernels is KernelStyle.MEGATRON)
 
     # -- hooks -----------------------------------------------------------------------------
     def resident_allocations(self, census: list[TensorGroup]) -> Resident:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from sim.analytic import kernels as kn
+from sim.analytic import op_sac
 from sim.analytic.kernels import AttentionImpl, Kernel, KernelStyle, Passes
 from sim.core.model import Family, ModelSpec, ModuleSpec, Norm, Place, Position, Role, module_tree
 
@@ -28,6 +29,7 @@ class Unit:
     tensors: tuple[int, ...]          # numel of each parameter tensor it owns (per TP rank)
     passes: Passes                    # its kernels: forward, input gradient, weight gradient
     selective: tuple[Kernel, ...] = ()  # forward kernels selective recompute runs again
+    op_recompute: tuple[Kernel, ...] = ()  # forward kernels torchtitan's per-op selective AC runs again
     shares: str | None = None         # a tied head uses the embedding's parameters
     role: Role = Role.BLOCK           # what it is in the model (sim.core.model.Role)
     containers: tuple[str, ...] = ("root",)   # the modules with children that enclose it,
@@ -88,6 +90,8 @@ def units(m: ModelSpec, shape: Shape) -> tuple[Unit, ...]:
     out: list[Unit] = []
     made: dict[tuple[object, ...], Passes] = {}      # identical blocks share their kernel objects
     core: tuple[Passes, tuple[Kernel, ...]] | None = None
+    saved = [mm.saved for mm in op_sac.block_matmuls(m, shape.tp)] if m.experts == 1 and m.lora is None else []
+    matmul = 0                                       # the Linear's place in its block's call order
     for mod in module_tree(m):
         shards = tuple(_tp_numel(t.shape, mod.kind, shape.tp) for t in mod.tensors)
         where = _containers(mod.block, mod.container) + ((mod.wrapper,) if mod.wrapper else ())
@@ -96,19 +100,31 @@ def units(m: ModelSpec, shape: Shape) -> tuple[Unit, ...]:
         if key not in made:
             made[key] = _module_passes(m, replace(mod, name=name), shape)
         trainable = tuple(t.trainable for t in mod.tensors) if m.lora else None
+        keep_gemm = False
+        if mod.block is not None and mod.kind == "linear" and saved:
+            keep_gemm, matmul = saved[matmul % len(saved)], matmul + 1
         out.append(Unit(mod.name, mod.block, shards, made[key], role=mod.role, containers=where, trainable=trainable,
-                        ndims=tuple(len(t.shape) for t in mod.tensors)))
+                        ndims=tuple(len(t.shape) for t in mod.tensors),
+                        op_recompute=_op_recompute(made[key], keep_gemm) if mod.block is not None else ()))
         if mod.feeds_attention:
             if core is None:
                 core = _attention_core(m, shape)
             out.append(Unit(f"model.layers.{mod.block}.attention", mod.block, (), core[0], selective=core[1],
-                            containers=where))
+                            containers=where, op_recompute=_op_recompute(core[0], True)))
     if m.tied_embeddings:
         head = kn.linear("lm_head (tied)", shape.tokens, -(-m.vocab // shape.tp), m.hidden, bias=False,
                          value_bytes=shape.value_bytes)
         loss = kn.cross_entropy("loss", shape.tokens, -(-m.vocab // shape.tp), shape.style, shape.value_bytes)
         out.append(Unit("lm_head (tied)", None, (), chain(head, loss), role=Role.HEAD, shares="model.embed_tokens"))
     return tuple(out)
+
+
+def _op_recompute(passes: Passes, keep_gemm: bool) -> tuple[Kernel, ...]:
+    """The forward kernels of a block module that torchtitan's per-op policy runs again
+    (sim.analytic.op_sac): the memory-bound ones always, its GEMM unless the policy saved
+    it; never the fused attention kernel."""
+    return tuple(k for k in passes.forward
+                 if k.kind is kn.KernelKind.MEMORY or (k.kind is kn.KernelKind.GEMM and not keep_gemm))
 
 
 def chain(*parts: Passes) -> Passes:
@@ -257,7 +273,7 @@ def merge(group: list[Unit], name: str, role: Role) -> Unit:
     ndims = () if any(u.tensors and not u.ndims for u in group) else tuple(d for u in group for d in u.ndims)
     return Unit(name, group[0].block, tuple(t for u in group for t in u.tensors), passes,
                 tuple(k for u in group for k in u.selective), role=role, containers=group[0].containers[:2],
-                trainable=flags, ndims=ndims)
+                trainable=flags, ndims=ndims, op_recompute=tuple(k for u in group for k in u.op_recompute))
 
 
 EMBEDDINGS = (Role.TOKEN_EMBEDDING, Role.POSITION_EMBEDDING)

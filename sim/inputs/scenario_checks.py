@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.core.enums import Engine, ScheduleMode
+from sim.core.enums import AttentionImpl, Engine, Recompute, ScheduleMode
 from sim.core.errors import InputError
 from sim.core.model import Position
 from sim.inputs.scenario import Scenario
@@ -27,6 +27,32 @@ def check_scenario(s: Scenario, source: Path) -> None:
     _check_nvme(s, source)
     _check_contiguous(s, source)
     _check_interleaving(s, source)
+    _check_op_recompute(s, source)
+
+
+OP_RECOMPUTE_ENGINES = (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY, Engine.FSDP2)
+
+
+def _check_op_recompute(s: Scenario, source: Path) -> None:
+    """torchtitan's per-op selective checkpointing (sim.analytic.op_sac) wraps blocks in
+    torch.utils.checkpoint: a torch engine's option, modelled for dense, bias-free models
+    without LoRA that run fused attention."""
+    if s.training.recompute is not Recompute.SELECTIVE_OP:
+        return
+    key = "training.recompute"
+    if s.engine not in OP_RECOMPUTE_ENGINES or s.schedule_mode is ScheduleMode.PAPER:
+        raise InputError(source, key, f"\"selective-op\" (torchtitan's per-op policy) with engine {s.engine.value}: "
+                         f"{NOT_SIMULATED_YET}; allowed: engines " + ", ".join(e.value for e in OP_RECOMPUTE_ENGINES)
+                         + " with the implemented schedule, or recompute none, selective, full")
+    m = s.model
+    unsupported = [what for what, present in (("MoE experts", m.experts > 1), ("LoRA", m.lora is not None),
+                                              (f"biases ({m.bias.value})", m.bias.value != "none"),
+                                              ("unfused attention", s.compute.attention is not AttentionImpl.FLASH))
+                   if present]
+    if unsupported:
+        raise InputError(source, key, f"\"selective-op\" with {', '.join(unsupported)}: {NOT_SIMULATED_YET}; "
+                         "allowed: dense, bias-free models with compute.attention = \"flash\", "
+                         "or recompute none, selective, full")
 
 
 def _check_interleaving(s: Scenario, source: Path) -> None:

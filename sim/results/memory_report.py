@@ -22,7 +22,7 @@ from sim.analytic.memory import (
 from sim.analytic.params import largest_module_params, total_params
 from sim.analytic.placement import block_params_per_rank, params_per_stage
 from sim.analytic.recompute import kept_activation_bytes
-from sim.core.enums import Convention, ScheduleMode, ZeroStage
+from sim.core.enums import AttentionImpl, Convention, KernelStyle, ScheduleMode, ZeroStage
 from sim.engines.plan import model_of, resident_memory
 from sim.engines.resident import Resident
 from sim.engines.schedule import Mem
@@ -219,8 +219,10 @@ def _activations(s: Scenario, pp_stage: int) -> float:
     value_bytes = 4 if t.precision.value == "fp32" else 2
     layers = m.layers // (p.pp * p.virtual_stages)      # per model chunk (the stage's, without interleaving)
     inflight = act.inflight_microbatches(p.pp, t.grad_accum, pp_stage, p.virtual_stages)
+    flash = s.compute.attention is AttentionImpl.FLASH
     per_layer = act.layer_activation_bytes(m, t.seq_len, t.micro_batch, recompute=t.recompute, tp=p.tp,
-                                           sequence_parallel=p.sequence_parallel, value_bytes=value_bytes)
+                                           sequence_parallel=p.sequence_parallel, value_bytes=value_bytes,
+                                           flash=flash)
     plan = t.recompute_plan
     if plan is not None:
         if s.partitioned_checkpoints:
@@ -228,17 +230,23 @@ def _activations(s: Scenario, pp_stage: int) -> float:
         if t.cpu_checkpointing:
             per_layer = 0.0    # checkpoints live in host memory
     full = act.layer_activation_bytes(m, t.seq_len, t.micro_batch, recompute=act.Recompute.NONE, tp=p.tp,
-                                      sequence_parallel=p.sequence_parallel, value_bytes=value_bytes)
+                                      sequence_parallel=p.sequence_parallel, value_bytes=value_bytes, flash=flash)
     total = kept_activation_bytes(layers, plan, full=per_layer if plan is None else full,
                                   checkpoint=per_layer) * inflight
     if plan is not None and t.contiguous_checkpoints:   # buffers no checkpoint fills (sim.engines.skeleton)
         total += max(0, t.contiguous_checkpoints - len(plan.segments(layers))) * per_layer
-    working = plan.working(layers) if plan is not None else 0
+    if plan is not None:
+        working = plan.working(layers)
+    else:    # per-op selective: one block's recomputed activations during its backward
+        working = 1 if t.recompute is act.Recompute.SELECTIVE_OP else 0
     total += working * act.recompute_working_bytes(m, t.seq_len, t.micro_batch, recompute=t.recompute, tp=p.tp,
-                                                   sequence_parallel=p.sequence_parallel, value_bytes=value_bytes)
+                                                   sequence_parallel=p.sequence_parallel, value_bytes=value_bytes,
+                                                   flash=flash)
     if pp_stage == p.pp - 1:
         total += act.outside_layers_activation_bytes(m, t.seq_len, t.micro_batch, tp=p.tp,
                                                      value_bytes=value_bytes)
+        total += act.loss_backward_transient_bytes(m, t.seq_len, t.micro_batch, tp=p.tp, value_bytes=value_bytes,
+                                                   megatron=s.compute.kernels is KernelStyle.MEGATRON)
     return total
 
 

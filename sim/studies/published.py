@@ -171,6 +171,9 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]
     if re.search(r"torchtitan", f.get("framework", "").lower()):
         training["optimizer_implementation"] = "fused"    # torchtitan's optimizer.implementation default
         notes.append("Adam fused (torchtitan's default optimizer.implementation)")
+        if rec == "selective":        # its selective mode: selective_ac_option = "op" in its Llama configs
+            training["recompute"] = "selective-op"
+            notes.append("selective recompute as torchtitan's per-op policy (selective_ac_option 'op')")
     if choice.cpu_checkpointing:
         if rec != "full":
             raise Unusable("activation checkpoints offloaded to CPU without full recomputation")

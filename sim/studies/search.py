@@ -4,7 +4,8 @@
    key/value heads, up to two nodes' GPUs), pipeline degree p (a divisor of the layers, up
    to 64) and with Megatron its model chunks per stage v (1, 2, 3, 4: interleaved 1F1B),
    data parallel d = GPUs / (t p), micro-batch b (1, 2, 4, 8, 16: d b must divide
-   the global batch), recomputation (none, selective, full) and a training engine: Megatron-
+   the global batch), recomputation (none, selective, full; with FSDP2 on a dense model
+   also torchtitan's per-op "selective-op") and a training engine: Megatron-
    Core (distributed optimizer, overlapped gradient reduction and parameter gather,
    sequence parallelism with t > 1), DeepSpeed ZeRO-1 (any t, p; Megatron-DeepSpeed), ZeRO-2
    and ZeRO-3 (p = 1, as DeepSpeed requires; ZeRO-3 also with CPU optimizer offload), FSDP2
@@ -49,7 +50,8 @@ from sim.studies.sweep import FIELDS, MEMORY_FIELDS, TIME_FIELDS, describe
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 VIRTUAL_STAGES = (2, 3, 4)     # Megatron's interleaved 1F1B (model chunks per stage)
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "selective-op", "full")
+OP_RECOMPUTE_ENGINES = ("fsdp2", "fsdp2 hsdp")      # torchtitan's per-op policy: torch engines, dense models
 MAX_PP = 64
 ENGINE_KEYS = ("engine", "zero", "fsdp", "ddp", "megatron", "deepspeed", "aio")
 STRATEGIES: dict[str, dict[str, Any]] = {   # label: the scenario keys that choose the engine
@@ -107,6 +109,9 @@ def candidates(m: ModelSpec, world: int, gpn: int, batch: int,
                         if v > 1 and (batch // (micro * dp)) % pp:
                             continue          # Megatron's interleaving needs micro-batches in groups of pp
                         for recompute in recompute_options:
+                            if recompute == "selective-op" and (strategy not in OP_RECOMPUTE_ENGINES
+                                                                or m.experts > 1 or m.lora is not None):
+                                continue
                             out.append({"strategy": strategy, "tp": tp, "pp": pp, "virtual_stages": v, "dp": dp,
                                         "micro_batch": micro, "recompute": recompute})
     return out
@@ -181,6 +186,8 @@ def stage_kernel_time(s: Scenario, stage: int) -> float:
             kernels += u.passes.forward
         elif t.recompute is Recompute.SELECTIVE:
             kernels += u.selective
+        elif t.recompute is Recompute.SELECTIVE_OP:
+            kernels += u.op_recompute
         total += sum(kernel_time(k, s) for k in kernels)
     return total
 
