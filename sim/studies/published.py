@@ -162,13 +162,17 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]
     parallel: dict[str, Any] = {"tp": layout.tp, "pp": layout.pp}
     if chunks > 1:
         parallel["virtual_stages"] = chunks
-    if layout.tp > 1 and (_sequence_parallel(f) or choice.keys.get("megatron", {}).get("tp_comm_overlap")):
-        parallel["sequence_parallel"] = True    # Megatron asserts it under --tp-comm-overlap
+    torchtitan = bool(re.search(r"torchtitan", f.get("framework", "").lower()))
+    if layout.tp > 1 and (_sequence_parallel(f) or choice.keys.get("megatron", {}).get("tp_comm_overlap")
+                          or torchtitan):
+        # Megatron asserts it under --tp-comm-overlap; torchtitan's TP plan shards the norms
+        # (SequenceParallel on attention_norm, ffn_norm and norm: parallelize_llama.py)
+        parallel["sequence_parallel"] = True
     training: dict[str, Any] = {"seq_len": seq, "micro_batch": micro, "global_batch": glob,
                                 "precision": prec, "recompute": rec}
     if choice.partition_activations:
         training["partition_activations"] = True
-    if re.search(r"torchtitan", f.get("framework", "").lower()):
+    if torchtitan:
         training["optimizer_implementation"] = "fused"    # torchtitan's optimizer.implementation default
         notes.append("Adam fused (torchtitan's default optimizer.implementation)")
         if rec == "selective":        # its selective mode: selective_ac_option = "op" in its Llama configs

@@ -2,7 +2,8 @@
 (docs/scenarios.md). Rules (shared/validation/README.md sections 1 and 4):
 
 - GPU -> catalog cluster: V100 on DGX-2 / SXM3 / 16 per node -> dgx2, V100 with 8 per node
-  -> dgx1-v100; A100 by its memory (40 / 80 GB; unstated -> 80, recorded); H100 -> dgx-h100;
+  -> dgx1-v100; A100 by its memory (40 / 80 GB; unstated -> 80, recorded); H100 -> dgx-h100,
+  the 96 GB HBM2e part (Grand Teton, torchtitan's benchmarks) -> grand-teton-h100;
   H200 -> hgx-h200; B200 -> dgx-b200; anything else is refused.
 - Engine: FSDP / TorchTitan -> [fsdp] (FSDP1 recorded as simulated by FSDP2, NO_SHARD -> ddp,
   HYBRID_SHARD -> replicate_degree = nodes); DeepSpeed / ZeRO / Megatron-DeepSpeed ->
@@ -58,8 +59,8 @@ def cluster_name(gpu: str, gpus_per_node: int | None, notes: list[str]) -> str:
     if "a100" in g:
         return _a100(g, notes)
     if "h100" in g:
-        if any(w in g for w in ("96gb", "96 gb", "hbm2e", "500 w", "500w")):
-            notes.append(f"GPU {quote(gpu)} simulated as DGX H100 (H100 SXM5 80 GB, 700 W)")
+        if any(w in g for w in ("96gb", "96 gb", "hbm2e", "grand teton")):
+            return "grand-teton-h100"      # the 96 GB HBM2e, 500 W part torchtitan benchmarked on
         return "dgx-h100"
     if "h200" in g:
         return "hgx-h200"

@@ -95,6 +95,17 @@ def test_megatron_core_rows_take_the_flags_they_name(shared_rows):
 
 
 @needs_data
+def test_torchtitan_rows_run_its_part_its_selective_policy_and_its_tp_plan(shared_rows):
+    one_d, two_d = shared_rows["VP431"].scenario, shared_rows["VP455"].scenario
+    for s in (one_d, two_d):
+        assert s.cluster.name == "GrandTeton-H100" and s.cluster.gpu.memory_bandwidth == 2.4e12
+        assert s.training.optimizer.value == "fused"
+    assert one_d.training.recompute is Recompute.SELECTIVE_OP          # selective_ac_option "op"
+    assert two_d.training.recompute is Recompute.FULL and two_d.parallel.sequence_parallel   # SequenceParallel norms
+    assert not any("simulated as" in a for a in shared_rows["VP431"].assumptions)
+
+
+@needs_data
 def test_mt_nlg_rows_give_the_published_iteration_times(shared_rows):
     expected = {2240: 60.1, 2800: 50.2, 3360: 44.4}
     found = [r for r in shared_rows.values() if r.model.startswith("MT-NLG 530B") and r.usable]
