@@ -31,9 +31,9 @@ def simulate(s: Scenario, *, steps: int = 1, mode: Mode = Mode.REPRESENTATIVE,
     spans = [sp for sp in engine.spans if sp.rank == rank and sp.step == steps - 1]
     breakdown = attribute(spans, start, end, serial)
     t = s.training
-    checkpoints, per_stage = t.recompute_plan, s.model.layers // s.parallel.pp
+    checkpoints = t.recompute_plan
     model, hardware = step_flops(s.model, t.seq_len, t.global_batch, recompute=t.recompute,
-                                 recomputed_layers=checkpoints.recomputed(per_stage) * s.parallel.pp
+                                 recomputed_layers=sum(checkpoints.recomputed(n) for n in s.stages.counts())
                                  if checkpoints else None)
     return SimulationResult(s, schedule, layout, engine, mode, steps, end - start, breakdown, model, hardware)
 

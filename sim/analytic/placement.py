@@ -4,7 +4,8 @@ Megatron layout (Shoeybi et al., arXiv 1909.08053; Narayanan et al., arXiv 2104.
 Linear weights of a block are split t ways (column / row parallel) while norms stay
 replicated; the embedding and the lm_head are vocab-parallel (split t ways); stage 0
 holds the embedding, the last stage the final norm and head (a tied head keeps its own
-copy of the embedding on the last stage when pp > 1); each stage holds L/pp blocks.
+copy of the embedding on the last stage when pp > 1); each stage holds L/pp blocks, or the
+uneven split a `Stages` gives (sim.analytic.stages; a plain `pp` is the even one).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sim.analytic.params import embedding_params, layer_params, norm_params
+from sim.analytic.stages import Stages, as_stages
 from sim.core.model import ModelSpec, ModuleSpec, Place, Position, module_tree
 
 
@@ -21,10 +23,11 @@ def block_params_per_rank(m: ModelSpec, tp: int) -> float:
     return (layer_params(m) - norms) / tp + norms
 
 
-def params_per_stage(m: ModelSpec, tp: int, pp: int) -> list[float]:
+def params_per_stage(m: ModelSpec, tp: int, pp: int | Stages) -> list[float]:
     """Parameters held by one rank of each pipeline stage (first to last)."""
-    blocks = m.layers // pp * block_params_per_rank(m, tp)
-    stages = [blocks for _ in range(pp)]
+    split = as_stages(m.layers, pp)
+    pp = split.pp
+    stages = [n * block_params_per_rank(m, tp) for n in split.counts()]
     positions = m.max_positions * m.hidden if m.position is Position.LEARNED else 0
     stages[0] += (embedding_params(m) - positions) / tp + positions
     head = m.vocab * m.hidden / tp
@@ -34,18 +37,23 @@ def params_per_stage(m: ModelSpec, tp: int, pp: int) -> list[float]:
     return stages
 
 
-def rank_tensors(m: ModelSpec, tp: int, pp: int, stage: int, *, trainable_only: bool = False) -> list[tuple[int, bool]]:
+def holds(mod: ModuleSpec, split: Stages, stage: int) -> bool:
+    """Does pipeline stage `stage` hold module `mod`? Its blocks; the embedding(s) on the
+    first stage, the final norm and head on the last."""
+    if mod.block is not None:
+        return mod.block in split.blocks(stage)
+    return stage == (0 if mod.kind == "embedding" else split.pp - 1)
+
+
+def rank_tensors(m: ModelSpec, tp: int, pp: int | Stages, stage: int, *,
+                 trainable_only: bool = False) -> list[tuple[int, bool]]:
     """(numel on one TP rank, inside a block?) of every tensor pipeline stage `stage` holds:
     Linear and embedding weights split t ways (rounded up), norms replicated; with
     `trainable_only`, only the tensors that get gradients (LoRA freezes the base)."""
-    per = m.layers // pp
+    split = as_stages(m.layers, pp)
     out = []
     for mod in module_tree(m):
-        if mod.block is not None:
-            here = mod.block // per == stage
-        else:
-            here = stage == (0 if mod.kind == "embedding" else pp - 1)
-        if here:
+        if holds(mod, split, stage):
             for t in mod.tensors:
                 if trainable_only and not t.trainable:
                     continue
@@ -54,11 +62,15 @@ def rank_tensors(m: ModelSpec, tp: int, pp: int, stage: int, *, trainable_only: 
     return out
 
 
-def chunk_tensors(m: ModelSpec, tp: int, pp: int, chunks: int, stage: int) -> list[list[int]]:
+def chunk_tensors(m: ModelSpec, tp: int, pp: int | Stages, chunks: int, stage: int) -> list[list[int]]:
     """Numel on one TP rank of every tensor of pipeline stage `stage`, by its local model
     chunk (interleaved 1F1B: the model cut into pp x chunks pieces of L / (pp chunks) blocks,
     stage k holding pieces k, k + pp, ...; the embedding in the first piece, the head in
-    the last), in forward order; rank_tensors' split rule."""
+    the last), in forward order; rank_tensors' split rule. One chunk: the stage's tensors
+    under any split."""
+    if chunks == 1:
+        return [[n for n, _ in rank_tensors(m, tp, pp, stage)]]
+    pp = as_stages(m.layers, pp).pp
     per = m.layers // (pp * chunks)
     out: list[list[int]] = [[] for _ in range(chunks)]
     for mod in module_tree(m):
@@ -75,14 +87,13 @@ def chunk_tensors(m: ModelSpec, tp: int, pp: int, chunks: int, stage: int) -> li
     return out
 
 
-def rank_grad_shapes(m: ModelSpec, tp: int, pp: int, stage: int) -> list[tuple[int, int]]:
+def rank_grad_shapes(m: ModelSpec, tp: int, pp: int | Stages, stage: int) -> list[tuple[int, int]]:
     """(numel on one TP rank, dimensions) of every tensor of pipeline stage `stage` that gets
     a gradient, in rank_tensors' order."""
-    per = m.layers // pp
+    split = as_stages(m.layers, pp)
     out = []
     for mod in module_tree(m):
-        here = mod.block // per == stage if mod.block is not None else stage == (0 if mod.kind == "embedding" else pp - 1)
-        if here:
+        if holds(mod, split, stage):
             out += [(t.numel if mod.kind == "norm" or tp == 1 else -(-t.numel // tp), len(t.shape))
                     for t in mod.tensors if t.trainable]
     return out
@@ -119,12 +130,13 @@ class TensorGroup:
     local_shape: tuple[int, ...] = ()   # its shape on one TP rank (tp_shape)
 
 
-def stage_census(m: ModelSpec, tp: int, pp: int, stage: int) -> list[TensorGroup]:
+def stage_census(m: ModelSpec, tp: int, pp: int | Stages, stage: int) -> list[TensorGroup]:
     """The tensors pipeline stage `stage` holds, in forward order, without a loop over the
     layers: one block's tensors, each counted once per block on the stage (every block is
     the same), with the embedding before them on the first stage and the final norm and head
     after them on the last. Split as `rank_tensors` splits them."""
-    per = m.layers // pp
+    split = as_stages(m.layers, pp)
+    per, pp = split.counts()[stage], split.pp
     before: list[TensorGroup] = []
     block: list[TensorGroup] = []
     after: list[TensorGroup] = []

@@ -10,7 +10,8 @@ FSDP2: dim 0 of each tensor to dp rows).
 from __future__ import annotations
 
 from sim.analytic.comm import ddp_volume, dim0_padded, flat_padded, tensor_padded, zero_volume_paper
-from sim.analytic.placement import tp_shape
+from sim.analytic.placement import holds, tp_shape
+from sim.analytic.stages import Stages, as_stages
 from sim.core.enums import ZeroStage
 from sim.core.model import ModelSpec, module_tree
 
@@ -92,20 +93,28 @@ def megatron_engine_volume(padded: int, dp: int, *, grad_bytes: int, param_bytes
 
 def fsdp2_engine_volume(m: ModelSpec, dp: int, *, grad_accum: int, param_bytes: int, reduce_bytes: int,
                         reshard_after_forward: bool, reshard_root: bool, clipping: bool, replicate: int = 1,
-                        post: int = 0, tp: int = 1) -> dict[str, float]:
+                        post: int = 0, tp: int = 1, pp: int | Stages = 1) -> dict[str, float]:
     """FSDP2 per block + root: forward all-gather of every unit, backward all-gather of the
     resharded blocks (and of the root when it is resharded too), one reduce-scatter per unit,
     every micro-step; only the tensors with gradients are reduced (LoRA: the adapters). With
     HSDP (`replicate` r) everything shards over dp / r ranks and each reduced shard is
     all-reduced over the r replicas; with an int reshard_after_forward (`post` k) the blocks'
     backward all-gathers run over k ranks. With tensor parallelism (`tp`, FSDP2 + TP: the 2D
-    of torchtitan) FSDP shards each rank's TP shard (sim.analytic.placement.tp_shape)."""
+    of torchtitan) FSDP shards each rank's TP shard (sim.analytic.placement.tp_shape). With
+    pipeline stages (`pp`: torch.distributed.pipelining with FSDP2, blocks never resharded
+    after forward) the first stage's units are gathered once per step and reduced once, after
+    its last micro-batch (sim.engines.fsdp2)."""
     shard = dp // replicate
-    blocks = sum(dim0_padded(tp_shape(mod, t.shape, tp), shard) for mod in module_tree(m) if mod.block is not None
+    split = as_stages(m.layers, pp)
+    mods = [mod for mod in module_tree(m) if split.pp == 1 or holds(mod, split, 0)]
+    blocks = sum(dim0_padded(tp_shape(mod, t.shape, tp), shard) for mod in mods if mod.block is not None
                  for t in mod.tensors)
-    total = sum(dim0_padded(tp_shape(mod, t.shape, tp), shard) for mod in module_tree(m) for t in mod.tensors)
-    grads = sum(dim0_padded(tp_shape(mod, t.shape, tp), shard) for mod in module_tree(m) for t in mod.tensors
-                if t.trainable)
+    total = sum(dim0_padded(tp_shape(mod, t.shape, tp), shard) for mod in mods for t in mod.tensors)
+    grads = sum(dim0_padded(tp_shape(mod, t.shape, tp), shard) for mod in mods for t in mod.tensors if t.trainable)
+    if split.pp > 1:
+        out = {"all_gather": _once(param_bytes * total, shard), "reduce_scatter": _once(reduce_bytes * grads, shard),
+               "all_reduce": _ar(reduce_bytes * grads / shard, replicate) + (_ar(4.0, dp) if clipping else 0.0)}
+        return {k: v for k, v in out.items() if v}
     backward = blocks if reshard_after_forward else 0
     gathered = total + (backward if not post else 0) + ((total - blocks) if reshard_root else 0)
     out = {"all_gather": grad_accum * (_once(param_bytes * gathered, shard) + _once(param_bytes * backward, post or 1)),

@@ -37,6 +37,9 @@ class Checkpointing:
     def elem(self, dtype: str) -> int:
         raise NotImplementedError
 
+    def chunk_start(self, chunk: int) -> int:
+        raise NotImplementedError
+
     @property
     def half(self) -> str:
         raise NotImplementedError
@@ -81,7 +84,7 @@ class Checkpointing:
             return {}
         out = {}
         for chunk in range(self.v):   # recomputation is planned per model chunk (each its own block list)
-            first = (chunk * self.layout.pp + self.stage_index) * self.per_chunk
+            first = self.chunk_start(chunk)
             for local in plan.segments(self.per_chunk):
                 segment = range(first + local.start, first + local.stop)
                 out.update({b: segment for b in segment})

@@ -192,7 +192,7 @@ def ddp_volume(s: Scenario) -> dict[str, float]:
     """fp32 gradients all-reduced once per step (+ the clipping norm), ZeroRedundancy's
     parameter broadcasts, and the module-buffer broadcast (sim.analytic.volumes)."""
     assert s.ddp is not None
-    psi = sum(n for n, _ in rank_tensors(s.model, s.parallel.tp, s.parallel.pp, 0, trainable_only=True))
+    psi = sum(n for n, _ in rank_tensors(s.model, s.parallel.tp, s.stages, 0, trainable_only=True))
     buffers = sum(b.numel * b.element_bytes for b in module_buffers(s.model)) if s.ddp.broadcast_buffers else 0.0
     return ddp_engine_volume(psi, s.parallel.dp, zero_redundancy=s.engine is Engine.DDP_ZERO_REDUNDANCY,
                              clipping=s.training.gradient_clipping > 0, buffer_bytes=buffers)

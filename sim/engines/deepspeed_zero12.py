@@ -196,8 +196,8 @@ def deepspeed_dp_volume(s: Scenario) -> dict[str, float]:
     if z.zero_quantized_weights or z.zero_quantized_gradients or z.zero_hpz_partition_size > 1:
         return zeropp_dp_volume(s)
     p = s.parallel
-    grads = [n for n, _ in rank_tensors(s.model, p.tp, p.pp, 0, trainable_only=True)] if s.model.lora else None
-    return deepspeed_volume(rank_tensors(s.model, p.tp, p.pp, 0), p.dp, int(z.stage), grad_tensors=grads,
+    grads = [n for n, _ in rank_tensors(s.model, p.tp, s.stages, 0, trainable_only=True)] if s.model.lora else None
+    return deepspeed_volume(rank_tensors(s.model, p.tp, s.stages, 0), p.dp, int(z.stage), grad_tensors=grads,
                             grad_accum=t.grad_accum, elem=BYTES_PER_ELEMENT[t.precision.value],
                             clipping=t.gradient_clipping > 0, persistence_threshold=z.param_persistence_threshold,
                             multi_rank_allreduce=not (z.reduce_scatter and not z.use_multi_rank_bucket_allreduce),
@@ -205,8 +205,8 @@ def deepspeed_dp_volume(s: Scenario) -> dict[str, float]:
 
 
 def recompute_share(s: Scenario) -> float:
-    """The share of a stage's blocks whose forward full recomputation runs again."""
-    plan, blocks = s.training.recompute_plan, s.model.layers // s.parallel.pp
+    """The share of the first stage's blocks whose forward full recomputation runs again."""
+    plan, blocks = s.training.recompute_plan, s.stages.counts()[0]
     return plan.recomputed(blocks) / blocks if plan and blocks else 0.0
 
 
@@ -234,10 +234,10 @@ def zeropp_dp_volume(s: Scenario) -> dict[str, float]:
     layout = Layout(p.tp, p.pp, p.dp, s.gpus_per_node)
     rep = layout.representatives[0]
     out = zeropp_implemented_volume(
-        rank_tensors(s.model, p.tp, p.pp, 0), p.dp, grad_accum=t.grad_accum, elem=BYTES_PER_ELEMENT[t.precision.value],
+        rank_tensors(s.model, p.tp, s.stages, 0), p.dp, grad_accum=t.grad_accum, elem=BYTES_PER_ELEMENT[t.precision.value],
         persistence_threshold=z.param_persistence_threshold, recompute_share=recompute_share(s),
         quantized_weights=z.zero_quantized_weights, hierarchical=z.zero_hpz_partition_size > 1,
         quantized_gradients=z.zero_quantized_gradients, node_ranks=len(layout.group(Axis.DP_NODE, rep)),
-        nodes=len(layout.group(Axis.DP_ACROSS, rep)), grad_shapes=rank_grad_shapes(s.model, p.tp, p.pp, 0))
+        nodes=len(layout.group(Axis.DP_ACROSS, rep)), grad_shapes=rank_grad_shapes(s.model, p.tp, s.stages, 0))
     out["all_reduce"] = 2 * (p.dp - 1) / p.dp * 8.0 if p.dp > 1 else 0.0   # the step's fp64 norm
     return {k: v for k, v in out.items() if v}

@@ -12,6 +12,15 @@ Backward: each block gathers itself (when resharded) and `backward_prefetch` blo
 ahead; after its gradients, a reduce-scatter on the reduce-scatter stream, and the compute
 stream waits for the previous block's reduce-scatter before going on (one in flight).
 Gradient sync happens every micro-step (the default). Adam runs on the fp32 shard.
+
+With pipeline stages (torch.distributed.pipelining, as torchtitan composes it): blocks are
+not resharded after forward (torchtitan's default with PP), so a stage gathers each unit
+once, in its first micro-batch's forward, and keeps it; each micro-batch's backward runs
+with gradient sync and reshard-after-backward off (stage.py `backward_maybe_with_nosync`),
+accumulating unsharded gradients in the reduce dtype; after the stage's last backward the
+schedule's REDUCE_GRAD action calls every group's post_backward in turn (stage.py
+`perform_reduce_grad`: root first, then the blocks): reduce-scatter and reshard, one after
+another, then the gradients are divided by the micro-batch count (`scale_grads`).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from sim.analytic.placement import TensorGroup, tp_shape, trainable
 from sim.analytic.volumes import fsdp2_engine_volume
 from sim.core.enums import Axis, Coll, Engine, ScheduleMode
 from sim.core.errors import InputError
-from sim.core.model import module_tree
+from sim.core.model import ModuleSpec, module_tree
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.layout import Layout
 from sim.engines.model import EngineModel
@@ -59,18 +68,30 @@ class Fsdp2Planner(Planner):
         self.bwd_done: dict[int, OpRef] = {}
         self.prev_rs: OpRef | None = None
         self.last_rs: OpRef | None = None
+        self.pipelined = layout.pp > 1
+        self.accumulating: set[int] = set()             # units whose unsharded gradients accumulate (PP)
 
     def resident_allocations(self, census: list[TensorGroup]) -> Resident:
         return fsdp2_resident(self.s, census)
 
     def _padded_by_unit(self, trainable_only: bool = False) -> dict[int, int]:
-        """Unit -1 is the root (embedding, final norm, head); unit i is block i."""
+        """Unit -1 is the root (embedding, final norm, head: of them, what this pipeline
+        stage holds); unit i is block i."""
         out: dict[int, int] = {}
         for mod in module_tree(self.m):
+            if not self._holds(mod):
+                continue
             unit = -1 if mod.block is None else mod.block
             out[unit] = out.get(unit, 0) + sum(dim0_padded(tp_shape(mod, t.shape, self.layout.tp), self.shard)
                                                for t in mod.tensors if t.trainable or not trainable_only)
         return out
+
+    def _holds(self, mod: ModuleSpec) -> bool:
+        """Does this pipeline stage hold `mod`? Its blocks; the embedding on the first stage,
+        the final norm and head on the last (sim.engines.skeleton `_on_this_stage`)."""
+        if mod.block is not None:
+            return any(g.block == mod.block for g in self.granules)
+        return self.stage_index == (0 if mod.kind == "embedding" else self.layout.pp - 1)
 
     def hook_calls(self, use: Use) -> int:
         """FSDP2's pre- and post-hooks of the unit (`FSDPParamGroup.pre_forward` /
@@ -89,24 +110,32 @@ class Fsdp2Planner(Planner):
         return bool(self.f.reshard_after_forward)
 
     # -- all-gathers ------------------------------------------------------------------------
+    def gathered_in(self, ms: int) -> int:
+        """The micro-step whose all-gather a unit uses in micro-step `ms`: its own, or with
+        pipeline stages the first (units stay gathered for the whole step)."""
+        return 0 if self.pipelined else ms
+
     def before_use(self, use: Use) -> list[OpRef | None]:
-        unit, ms = self.unit_of(use), use.micro_step
+        unit, ms = self.unit_of(use), self.gathered_in(use.micro_step)
         if use.what is F:
-            if unit == -1 and use.index > 0:
-                return [self.ag[(ms, -1, Phase.FWD)]]           # the head: root still gathered
+            if (ms, unit, Phase.FWD) in self.ag:
+                return [self.ag[(ms, unit, Phase.FWD)]]     # the head (root still gathered); a kept unit
             return self._copy_out(use, self._gather(ms, unit, Phase.FWD))
         if use.what is R:
-            return self._copy_out(use, self._gather(ms, unit, Phase.BWD)) if unit != -1 else []
+            if unit == -1:
+                return []
+            ag = self._gather(ms, unit, Phase.BWD)
+            return self._copy_out(use, ag) if (ms, unit, Phase.BWD) in self.ag else [ag]
         if unit == -1 and not self.resharded(-1):
             return [self.ag[(ms, -1, Phase.FWD)]]
         if unit == -1:       # the resharded root is gathered again as backward begins (the head)
             fresh = (ms, -1, Phase.BWD) not in self.ag
             return self._copy_out(use, self._gather(ms, -1, Phase.BWD)) if fresh else [self.ag[(ms, -1, Phase.BWD)]]
-        fresh = (ms, unit, Phase.BWD) not in self.ag
         ag = self._gather(ms, unit, Phase.BWD)
         for ahead in range(1, min(self.f.backward_prefetch, unit) + 1):   # explicit backward prefetch
             self._gather(ms, unit - ahead, Phase.BWD)
-        return self._copy_out(use, ag) if fresh or self.resharded(unit) else [ag]
+        # a unit gathered again for backward is copied out when used; one kept since forward is ready
+        return self._copy_out(use, ag) if (ms, unit, Phase.BWD) in self.ag else [ag]
 
     def _copy_out(self, use: Use, ag: OpRef | None) -> list[OpRef | None]:
         """`foreach_all_gather_copy_out` on the compute stream: the gathered flat buffer is
@@ -120,6 +149,7 @@ class Fsdp2Planner(Planner):
                              (memory(name, nbytes),), None if unit == -1 else unit, [ag])]
 
     def _gather(self, ms: int, unit: int, phase: Phase) -> OpRef | None:
+        ms = self.gathered_in(ms)
         key = (ms, unit, phase)
         if key in self.ag:
             return self.ag[key]
@@ -162,18 +192,41 @@ class Fsdp2Planner(Planner):
                 self._free(op, unit)
         if use.what is F and unit == -1 and use.index > 0 and self.resharded(-1):
             self._free(op, -1)   # the root's post-forward reshard, after the head
+        if use.what is B and self.pipelined:
+            self._accumulate(op, unit)
+            return
         if use.what is not B or (unit == -1 and use.index != 0):
             return
         self.bwd_done[unit] = op
         self._free(op, unit)   # reshard after backward
         if not self.grad_padded[unit]:   # a unit of frozen parameters only (LoRA): nothing to reduce
             return
-        nbytes = self.r_bytes * self.grad_padded[unit]
         grads = Alloc(Mem.GRADS, f"unsharded gradients unit {unit}", self.p_bytes * self.grad_padded[unit])
         self.b.attach(op, alloc=(grads,))
+        self._reduce(unit, ms, grads)
+
+    def _accumulate(self, op: OpRef, unit: int) -> None:
+        """Pipeline stages: the unit's first backward allocates its unsharded gradients,
+        accumulated in the reduce dtype until the stage's REDUCE_GRAD (torch's FSDPParam
+        `to_accumulated_grad_if_needed`)."""
+        if unit in self.accumulating or not self.grad_padded[unit]:
+            return
+        self.accumulating.add(unit)
+        self.b.attach(op, alloc=(self._accumulated(unit),))
+
+    def _accumulated(self, unit: int) -> Alloc:
+        return Alloc(Mem.GRADS, f"accumulated unsharded gradients unit {unit}", self.r_bytes * self.grad_padded[unit])
+
+    def _reduce(self, unit: int, ms: int, grads: Alloc, release: tuple[Alloc, ...] = ()) -> None:
+        """post_backward's foreach_reduce: after the previous reduce-scatter (one in flight), a
+        copy-in on the compute stream (which also frees `release`: the resharded unit), the
+        reduce-scatter (freeing `grads`) and, with HSDP, the shard's all-reduce; with CPU
+        offload the shard's D2H."""
+        nbytes = self.r_bytes * self.grad_padded[unit]
         self.wait_before_next_compute(self.prev_rs)   # at most one reduce-scatter outstanding
         name = f"reduce-scatter copy-in unit {unit}"
-        copy_in = self.compute(name, Phase.BWD, ms, (memory(name, 2.0 * nbytes),), None if unit == -1 else unit)
+        copy_in = self.compute(name, Phase.BWD, ms, (memory(name, 2.0 * nbytes),), None if unit == -1 else unit,
+                               free=release)
         rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, nbytes,
                              f"reduce-scatter {'root' if unit == -1 else f'block {unit}'}", Phase.BWD, ms,
                              deps=[copy_in], layer=None if unit == -1 else unit, free=(grads,), purpose="grad",
@@ -193,8 +246,28 @@ class Fsdp2Planner(Planner):
         self.b.attach(op, free=(Alloc(Mem.PARAMS, f"unsharded unit {unit}", nbytes),))
 
     def end_of_backward(self, ms: int) -> None:
+        if self.pipelined and ms == self.boundary:
+            self._reduce_grad(ms)
+        elif self.pipelined:
+            return                                     # no gradient sync before the last micro-batch
         self.wait_before_next_compute(self.last_rs)   # finalize_backward waits for the reductions
         self.prev_rs = None
+
+    def _reduce_grad(self, ms: int) -> None:
+        """The pipeline schedule's REDUCE_GRAD after the stage's last backward: each unit's
+        post_backward in turn (root first, then the blocks), resharding it and reducing its
+        accumulated gradients; `_root_post_backward_final_callback` then waits for them (the
+        caller), and `scale_grads` divides the sharded gradients by the micro-batch count."""
+        for unit in sorted(self.padded):
+            params = Alloc(Mem.PARAMS, f"unsharded unit {unit}", self.p_bytes * self.padded[unit])
+            if unit in self.accumulating:
+                self._reduce(unit, ms, self._accumulated(unit), release=(params,))
+            else:
+                self.compute(f"reshard unit {unit}", Phase.BWD, ms, (), None if unit == -1 else unit, free=(params,))
+        if self.t.grad_accum > 1:
+            shard = sum(self.grad_padded.values()) / self.shard
+            self.compute("scale gradients by the micro-batch count", Phase.BWD, ms,
+                         (memory("scale gradients", 8.0 * shard),), None, [self.last_rs])
 
     def optimizer_step(self) -> None:
         norm = self.grad_norm()
@@ -234,20 +307,28 @@ def fsdp2_volume(s: Scenario) -> dict[str, float]:
     return fsdp2_engine_volume(s.model, s.parallel.dp, grad_accum=t.grad_accum, param_bytes=p, reduce_bytes=r,
                                reshard_after_forward=bool(f.reshard_after_forward), reshard_root=bool(f.reshard_root),
                                clipping=t.gradient_clipping > 0, replicate=f.replicate_degree, post=f.post_forward,
-                               tp=s.parallel.tp)
+                               tp=s.parallel.tp, pp=s.stages)
 
 
 def fsdp2_limits(s: Scenario) -> None:
-    """FSDP2 is simulated over data-parallel meshes (FSDP, HSDP) and with tensor parallelism
-    (torchtitan's 2D); with pipeline parallelism not yet. HSDP's replicate degree divides dp,
-    and an int reshard_after_forward is a non-trivial divisor of the shard group (torch: 'a
-    factor of the mesh shard dim size', not 1 nor it)."""
+    """FSDP2 is simulated over data-parallel meshes (FSDP, HSDP), with tensor parallelism
+    (torchtitan's 2D) and with pipeline stages as torchtitan composes them (blocks kept
+    gathered: reshard_after_forward false; untied embeddings; no CPU offload). HSDP's
+    replicate degree divides dp, and an int reshard_after_forward is a non-trivial divisor
+    of the shard group (torch: 'a factor of the mesh shard dim size', not 1 nor it)."""
     source = s.path or "scenario"
-    if s.parallel.pp > 1:
-        raise InputError(source, "parallel.pp", f"pp > 1 with FSDP2: {NOT_SIMULATED_YET} (pipelines are simulated "
-                         "with Megatron-Core, DeepSpeed ZeRO-0/1 and DDP); allowed: 1")
     f, dp = s.fsdp, s.parallel.dp
     assert f is not None
+    if s.parallel.pp > 1:
+        problems = [(key, what) for key, what, present in (
+            ("fsdp.reshard_after_forward", "reshard_after_forward other than false (torchtitan's default with "
+                                           "pipelines)", f.reshard_after_forward is not False),
+            ("fsdp.cpu_offload", "cpu_offload", f.cpu_offload),
+            ("model.tie_word_embeddings", "tied embeddings", s.model.tied_embeddings)) if present]
+        if problems:
+            key, what = problems[0]
+            raise InputError(source, key, f"pp = {s.parallel.pp} with FSDP2 and {what}: {NOT_SIMULATED_YET}; "
+                             "allowed: pipelines with reshard_after_forward = false, no cpu_offload, untied embeddings")
     if dp % f.replicate_degree:
         raise InputError(source, "fsdp.replicate_degree", f"{f.replicate_degree} does not divide the data-parallel "
                          f"degree ({dp}); allowed: a divisor of {dp}")

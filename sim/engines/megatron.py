@@ -277,7 +277,7 @@ def megatron_volume(s: Scenario) -> dict[str, float]:
     """Gradient buckets once per step (all-reduce, or reduce-scatter + parameter all-gather
     with the distributed optimizer) and the clipping norm (sim.analytic.volumes)."""
     p = s.parallel
-    chunks = chunk_tensors(s.model, p.tp, p.pp, p.virtual_stages, 0)
+    chunks = chunk_tensors(s.model, p.tp, s.stages, p.virtual_stages, 0)
     padded = sum(bk.elements for bk in stage_buckets(s, [list(reversed(c)) for c in chunks], 0))
     return megatron_engine_volume(padded, s.parallel.dp, grad_bytes=grad_bytes(s),
                                   param_bytes=BYTES_PER_ELEMENT[s.training.precision.value],

@@ -60,7 +60,7 @@ def plan(s: Scenario) -> Schedule:
 def resident_memory(s: Scenario, stage: int = 0) -> Resident:
     """What one rank of pipeline stage `stage` keeps resident, device and host (the same
     allocations the planner starts the DES from)."""
-    return model_of(s).resident(s, stage_census(s.model, s.parallel.tp, s.parallel.pp, stage))
+    return model_of(s).resident(s, stage_census(s.model, s.parallel.tp, s.stages, stage))
 
 
 def expected_dp_volume(s: Scenario) -> dict[str, float]:

@@ -41,7 +41,8 @@ class Planner(Checkpointing):
         self.s, self.layout, self.stage_index = s, layout, stage
         self.m, self.t, self.dp = s.model, s.training, layout.dp
         self.v = s.parallel.virtual_stages                  # model chunks per stage (interleaved 1F1B)
-        self.per_chunk = self.m.layers // (layout.pp * self.v)
+        self.split = s.stages                               # blocks per stage (sim.analytic.stages)
+        self.per_chunk = self.split.counts()[stage] if self.v == 1 else self.m.layers // (layout.pp * self.v)
         self.chunk = 0                                      # the local model chunk being planned
         self.b = Builder()
         self._activation_bytes: dict[act.Recompute, float] = {}
@@ -60,16 +61,27 @@ class Planner(Checkpointing):
         the last the final norm and head (Megatron's uniform split). With v model chunks per
         stage (interleaved 1F1B) the model is cut into p v chunks of L / (p v) blocks and
         stage k holds chunks k, k + p, k + 2p, ... (megatron/core/transformer/
-        transformer_block.py `get_num_layers_to_build`, its layer offset)."""
+        transformer_block.py `get_num_layers_to_build`, its layer offset). Without chunks the
+        split may give the end stages other counts (`first_stage_layers`, `last_stage_layers`)."""
         pp = self.layout.pp
+        if g.block is not None and self.v == 1:
+            return self.split.stage_of(g.block) == self.stage_index
         if g.block is not None:
             return (g.block // self.per_chunk) % pp == self.stage_index
         return self.stage_index == (0 if g.role in EMBEDDINGS else pp - 1)
+
+    def chunk_start(self, chunk: int) -> int:
+        """The first model block of this stage's local chunk `chunk`."""
+        if self.v == 1:
+            return self.split.blocks(self.stage_index).start
+        return (chunk * self.layout.pp + self.stage_index) * self.per_chunk
 
     def chunk_of(self, g: Unit) -> int:
         """The local model chunk of granule `g` (the embedding in the first, the head in the last)."""
         if g.block is None:
             return 0 if g.role in EMBEDDINGS else self.v - 1
+        if self.v == 1:
+            return 0
         return (g.block // self.per_chunk) // self.layout.pp
 
     @property
@@ -313,7 +325,7 @@ class Planner(Checkpointing):
     def resident(self) -> None:
         """Allocations that exist before the step: the model states."""
         p = self.s.parallel
-        r = self.resident_allocations(stage_census(self.m, p.tp, p.pp, self.stage_index))
+        r = self.resident_allocations(stage_census(self.m, p.tp, self.s.stages, self.stage_index))
         for a in r.device:
             self.b.resident(a.category, a.label, a.nbytes)
         self.b.host_allocs.extend(r.host)

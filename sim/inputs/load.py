@@ -73,6 +73,8 @@ PARALLEL_KEYS = (
     Key("dp", int, required=False, default=None, positive=True, maximum=L.MAX_WORLD),
     Key("sequence_parallel", bool, required=False, default=False),
     Key("virtual_stages", int, required=False, default=1, positive=True, maximum=L.MAX_LAYERS),
+    Key("first_stage_layers", int, required=False, default=0, positive=True, maximum=L.MAX_LAYERS),
+    Key("last_stage_layers", int, required=False, default=0, positive=True, maximum=L.MAX_LAYERS),
 )
 
 
@@ -203,8 +205,13 @@ def _parallel(raw: Mapping[str, Any], world: int, source: Path) -> Parallelism:
     if v["virtual_stages"] > 1 and pp < 2:
         raise InputError(source, "parallel.virtual_stages", f"{v['virtual_stages']} model chunks per stage need a "
                          f"pipeline; allowed: 1 with pp = {pp}")
+    for key in ("first_stage_layers", "last_stage_layers"):
+        if v[key] and pp < 2:
+            raise InputError(source, f"parallel.{key}", f"{v[key]} layers on an end stage need a pipeline; "
+                             f"allowed: leave it out with pp = {pp}")
     return Parallelism(tp=tp, pp=pp, dp=dp, sequence_parallel=v["sequence_parallel"],
-                       virtual_stages=v["virtual_stages"])
+                       virtual_stages=v["virtual_stages"], first_stage_layers=v["first_stage_layers"],
+                       last_stage_layers=v["last_stage_layers"])
 
 
 def _engine(top: Mapping[str, Any], source: Path) -> Engine:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.analytic.recompute import UNIFORM, RecomputePlan, plan_of
+from sim.analytic.stages import Stages
 from sim.core.enums import (
     Algorithm,
     AttentionImpl,
@@ -58,6 +59,8 @@ class Parallelism:
     dp: int
     sequence_parallel: bool = False
     virtual_stages: int = 1      # model chunks per pipeline stage (Megatron's interleaved 1F1B)
+    first_stage_layers: int = 0  # blocks of the first / last pipeline stage; 0: the even share (sim.analytic.stages)
+    last_stage_layers: int = 0
 
     @property
     def world_size(self) -> int:
@@ -114,6 +117,12 @@ class Scenario:
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def stages(self) -> Stages:
+        """Which blocks each pipeline stage holds (sim.analytic.stages)."""
+        p = self.parallel
+        return Stages(self.model.layers, p.pp, p.first_stage_layers, p.last_stage_layers)
 
     @property
     def partitioned_checkpoints(self) -> bool:

@@ -92,9 +92,17 @@ def _check_shapes(s: Scenario, source: Path) -> None:
     if m.kv_heads % p.tp:
         raise InputError(source, "parallel.tp", f"tp ({p.tp}) does not divide the key/value heads "
                          f"({m.kv_heads}) of {m.name}; allowed: a divisor of {m.kv_heads}")
-    if m.layers % p.pp:
+    if s.stages.uneven:
+        if problem := s.stages.problem():
+            raise InputError(source, "parallel.first_stage_layers", f"{problem} of {m.name} (pp {p.pp}); allowed: "
+                             "end-stage layers that leave the other stages an even whole share")
+        if p.virtual_stages > 1:
+            raise InputError(source, "parallel.first_stage_layers", f"uneven end stages with virtual_stages = "
+                             f"{p.virtual_stages}: {NOT_SIMULATED_YET}; allowed: virtual_stages = 1")
+    elif m.layers % p.pp:
         raise InputError(source, "parallel.pp", f"pp ({p.pp}) does not divide the {m.layers} layers "
-                         f"of {m.name}; allowed: a divisor of {m.layers}")
+                         f"of {m.name}; allowed: a divisor of {m.layers}, or first_stage_layers / "
+                         "last_stage_layers that leave the other stages an even share")
     if p.sequence_parallel and p.tp == 1:
         raise InputError(source, "parallel.sequence_parallel", "needs tp > 1")
     if m.position is Position.LEARNED and s.training.seq_len > m.max_positions:

@@ -23,6 +23,7 @@ from sim.analytic.params import largest_module_params, total_params
 from sim.analytic.placement import block_params_per_rank, params_per_stage
 from sim.analytic.recompute import kept_activation_bytes
 from sim.core.enums import AttentionImpl, Convention, KernelStyle, ScheduleMode, ZeroStage
+from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.plan import model_of, resident_memory
 from sim.engines.resident import Resident
 from sim.engines.schedule import Mem
@@ -121,7 +122,7 @@ def scenario_report(s: Scenario, *, convention: Convention = Convention.ALLOCATE
     the same allocations the simulator starts from) plus its largest transient buffers."""
     model_of(s)                     # refuses what the scenario's engine cannot do, as `zerosim run` does
     m, p = s.model, s.parallel
-    per_stage = params_per_stage(m, p.tp, p.pp)
+    per_stage = params_per_stage(m, p.tp, s.stages)
     own = ZeroStage(s.zero_stage)
     worst = max(range(p.pp), key=lambda i: model_state_bytes(per_stage[i], p.dp, own, convention).total
                 + _activations(s, i))
@@ -134,7 +135,7 @@ def scenario_report(s: Scenario, *, convention: Convention = Convention.ALLOCATE
     rows = []
     for stage in ZeroStage:
         if resident is not None and stage == own:
-            states, buffers = own_row_states(s, resident, largest)
+            states, buffers = own_row_states(s, resident, largest, psi_rank, worst)
         elif m.lora is not None:     # the frozen 16-bit base and the adapters' states at that stage
             states, buffers = lora_states(m, p.dp, stage), _deepspeed_buffers(s, stage)
         else:
@@ -159,7 +160,8 @@ def scenario_report(s: Scenario, *, convention: Convention = Convention.ALLOCATE
         nvme_capacity_bytes=s.cluster.host.nvme_capacity)
 
 
-def own_row_states(s: Scenario, resident: Resident, largest: float) -> tuple[ModelStateBytes, float]:
+def own_row_states(s: Scenario, resident: Resident, largest: float,
+                   stage_params: float, stage: int = 0) -> tuple[ModelStateBytes, float]:
     """(model states, buffers) of the scenario's own row: the resident allocations plus the
     largest transient ones the engine makes (the simulator allocates these as ops run):
     DeepSpeed's fp32 gradient partition during a GPU optimizer step (a `sub_group_size`
@@ -177,10 +179,25 @@ def own_row_states(s: Scenario, resident: Resident, largest: float) -> tuple[Mod
             partition = min(partition, z.sub_group_size)
         optimizer += 4.0 * partition
     if s.fsdp is not None:
-        block = block_params_per_rank(s.model, s.parallel.tp) * (4 if s.fsdp.param_dtype == "fp32" else h)
-        ahead = min(s.fsdp.forward_prefetch, s.model.layers - 1)
-        buffers += (ahead + 1) * block + block
+        buffers += _fsdp2_buffers(s, stage_params, stage)
     return ModelStateBytes(params=params, grads=grads, optimizer=optimizer, host=resident.host_bytes), buffers
+
+
+def _fsdp2_buffers(s: Scenario, stage_params: float, stage: int) -> float:
+    """FSDP2's gathered units at the peak (every block of the stage when blocks are not
+    resharded after forward, else the current one and its forward prefetch; the root's part
+    unless `reshard_root`) and its unsharded gradients (one reduce-scatter input, or with
+    pipeline stages every gradient of the stage, accumulated in the reduce dtype)."""
+    f, m, p = s.fsdp, s.model, s.parallel
+    assert f is not None
+    param_bytes = BYTES_PER_ELEMENT[f.param_dtype or s.training.precision.value]
+    reduce_bytes = BYTES_PER_ELEMENT[f.reduce_dtype or f.param_dtype or s.training.precision.value]
+    block = block_params_per_rank(m, p.tp)
+    blocks = s.stages.counts()[stage]
+    root = 0.0 if f.reshard_root else stage_params - blocks * block
+    kept = blocks if f.reshard_after_forward is False else min(f.forward_prefetch, m.layers - 1) + 1
+    gradients = reduce_bytes * stage_params if p.pp > 1 else param_bytes * block
+    return param_bytes * (kept * block + root) + gradients
 
 
 def _by_category(r: Resident) -> dict[str, float]:
@@ -217,7 +234,8 @@ def _activations(s: Scenario, pp_stage: int) -> float:
     before it recomputes (tests/unit/test_recompute_plan.py)."""
     m, p, t = s.model, s.parallel, s.training
     value_bytes = 4 if t.precision.value == "fp32" else 2
-    layers = m.layers // (p.pp * p.virtual_stages)      # per model chunk (the stage's, without interleaving)
+    # blocks per model chunk (the stage's, without interleaving: any split)
+    layers = s.stages.counts()[pp_stage] if p.virtual_stages == 1 else m.layers // (p.pp * p.virtual_stages)
     inflight = act.inflight_microbatches(p.pp, t.grad_accum, pp_stage, p.virtual_stages)
     flash = s.compute.attention is AttentionImpl.FLASH
     per_layer = act.layer_activation_bytes(m, t.seq_len, t.micro_batch, recompute=t.recompute, tp=p.tp,

@@ -35,7 +35,7 @@ def expected_volume(s: Scenario) -> dict[str, float]:
     """The analytic twin's bytes per rank per step by collective kind, on pipeline stage 0."""
     p, t = s.parallel, s.training
     shape = dict(seq_len=t.seq_len, micro_batch=t.micro_batch, hidden=s.model.hidden, grad_accum=t.grad_accum)
-    blocks = s.model.layers // p.pp
+    blocks = s.stages.counts()[0]
     plan = t.recompute_plan
     tp = tensor_parallel_volume(blocks, True, p.tp, elem=BYTES_PER_ELEMENT[t.precision.value],
                                 sequence_parallel=p.sequence_parallel,
@@ -98,7 +98,7 @@ def check_rows(result: SimulationResult) -> list[tuple[str, float, float, str]]:
     rows.append(("step time <= serial sum (s)", result.step_time_s, b.serial_s, "<="))
     stage = ZeroStage(int(s.zero_stage))
     p = s.parallel
-    psi = max(sum(n for n, _ in rank_tensors(s.model, p.tp, p.pp, k)) for k in range(p.pp))
+    psi = max(sum(n for n, _ in rank_tensors(s.model, p.tp, s.stages, k)) for k in range(p.pp))
     states = (lora_states(s.model, p.dp, stage) if s.model.lora else model_state_bytes(psi, p.dp, stage)).total
     rows.append(("peak memory >= model states, paper (GB)", result.peak_pool().peak / 1e9, states / 1e9, ">="))
     return rows

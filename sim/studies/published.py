@@ -119,23 +119,26 @@ def _build(f: Mapping[str, str], notes: list[str]) -> tuple[Scenario, float]:
     if kind is Kind.DERIVED:
         notes.append(f"measured step from the derived column: {quote(f.get('derived', ''), 80)}")
     try:
-        table, vocab = _table(f, notes)
-    except Unusable as e:
+        s, vocab = scenario_of(f, notes)
+    except (Unusable, InputError) as e:
         raise _WithStep(str(e), step) from None
-    try:
-        s = scenario_from_table(table, Path("published") / (f.get("id") or "row"), f.get("id") or "row")
-        model_of(s)   # the engine's own checks (e.g. FSDP2 with tp > 1)
-    except InputError as e:
-        raise _WithStep(str(e), step) from None
-    if note := params_note(f, s.model):
-        notes.append(note)
     network = f.get("inter_node_bw", "")
-    s = net.apply_stated(network, s, notes)
     if step is None:
         step = converted_time(kind, value, f.get("metric_definition", ""), s, vocab or s.model.vocab, notes)
     if "inter_node_bw" in f and net.network_unknown(network, s) and (why := net.undetermined_reason(s, step)):
         raise _WithStep(why, step)
     return s, step
+
+
+def scenario_of(f: Mapping[str, str], notes: list[str]) -> tuple[Scenario, int]:
+    """The scenario a row describes (on its stated network) and the vocabulary its FLOP
+    count used, whatever its metric; Unusable or InputError when it cannot be expressed."""
+    table, vocab = _table(f, notes)
+    s = scenario_from_table(table, Path("published") / (f.get("id") or "row"), f.get("id") or "row")
+    model_of(s)   # the engine's own checks (e.g. FSDP2 with tp > 1)
+    if note := params_note(f, s.model):
+        notes.append(note)
+    return net.apply_stated(f.get("inter_node_bw", ""), s, notes), vocab
 
 
 class _WithStep(Unusable):
@@ -159,7 +162,8 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]
     rec = recompute(f.get("act_ckpt", ""), notes)
     micro, glob = lay.batch(f, seq, layout.dp, choice.megatron, notes)
     chunks = _schedule_notes(f, layout.pp, choice.family == "megatron", notes)
-    parallel: dict[str, Any] = {"tp": layout.tp, "pp": layout.pp}
+    parallel: dict[str, Any] = {"tp": layout.tp, "pp": layout.pp,
+                                **lay.stage_split(f, model["layers"] if isinstance(model, dict) else 0, layout.pp, notes)}
     if chunks > 1:
         parallel["virtual_stages"] = chunks
     torchtitan = bool(re.search(r"torchtitan", f.get("framework", "").lower()))
@@ -178,6 +182,10 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]
         if rec == "selective":        # its selective mode: selective_ac_option = "op" in its Llama configs
             training["recompute"] = "selective-op"
             notes.append("selective recompute as torchtitan's per-op policy (selective_ac_option 'op')")
+        if layout.pp > 1 and choice.family == "fsdp":
+            # torchtitan's reshard_after_forward policy "default" is `not pp_enabled`
+            choice.keys.setdefault("fsdp", {})["reshard_after_forward"] = False
+            notes.append("FSDP2 with PP: reshard_after_forward false (torchtitan's default policy)")
     if choice.cpu_checkpointing:
         if rec != "full":
             raise Unusable("activation checkpoints offloaded to CPU without full recomputation")

@@ -348,3 +348,22 @@ def _global(text: str, seq: int, notes: list[str]) -> int | None:
 def row_gpus_per_node(text: str, notes: list[str]) -> int | None:
     value = number(text, "gpus_per_node", notes)
     return int(value) if value and value == int(value) else None
+
+
+def stage_split(f: Mapping[str, str], layers: int, pp: int, notes: list[str]) -> dict[str, int]:
+    """[parallel] first / last stage layers for a row whose pipeline does not split its blocks
+    evenly. DeepSpeed's PipelineModule with partition_method 'type:transformer|embedding' (the
+    row names it; BLOOM's Megatron-DeepSpeed runs) balances the blocks and the two embedding
+    layers together (deepspeed/runtime/pipe/module.py `_partition_layers`): with pp dividing
+    layers + 2, every stage holds (layers + 2) / pp of them, so the end stages hold one block
+    fewer. Any other uneven split is refused, as the scenario check would (`layers` 0: a
+    catalog model, split evenly)."""
+    if pp < 2 or not layers or layers % pp == 0 or "transformer|embedding" not in f.get("other_config", "").lower():
+        return {}
+    if (layers + 2) % pp:
+        raise Unusable(f"PP partition 'type:transformer|embedding' of {layers} layers over {pp} stages is "
+                       f"uneven inside the stages (pp does not divide {layers} + 2): not simulated")
+    ends = (layers + 2) // pp - 1
+    notes.append(f"PP partition 'type:transformer|embedding': {ends} blocks on the first and last stages "
+                 f"(beside the embeddings), {(layers - 2 * ends) // (pp - 2)} on the others")
+    return {"first_stage_layers": ends, "last_stage_layers": ends}

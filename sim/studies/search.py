@@ -9,7 +9,8 @@
    Core (distributed optimizer, overlapped gradient reduction and parameter gather,
    sequence parallelism with t > 1), DeepSpeed ZeRO-1 (any t, p; Megatron-DeepSpeed), ZeRO-2
    and ZeRO-3 (p = 1, as DeepSpeed requires; ZeRO-3 also with CPU optimizer offload), FSDP2
-   and HSDP (shard groups of a node, one replica per node; with TP, p = 1). Each candidate is the scenario's table with those keys set, read by the
+   (any t; with p > 1 torchtitan's pipeline, blocks kept gathered) and HSDP (shard groups of
+   a node, one replica per node; p = 1). Each candidate is the scenario's table with those keys set, read by the
    scenario loader: what a file could not hold is rejected with the loader's reason.
 2. Prune with the analytic twin: the memory report (sim.results.memory_report, an upper
    estimate of the peak) rejects what does not fit; a lower bound on the step
@@ -64,7 +65,7 @@ STRATEGIES: dict[str, dict[str, Any]] = {   # label: the scenario keys that choo
     "fsdp2": {"fsdp": {}},
     "fsdp2 hsdp": {"fsdp": {"replicate_degree": "nodes"}},   # shard inside a node, replicate across nodes
 }
-PIPELINE_ENGINES = ("megatron", "deepspeed z1")      # DeepSpeed refuses ZeRO-2/3 with pipelines
+PIPELINE_ENGINES = ("megatron", "deepspeed z1", "fsdp2")   # DeepSpeed refuses ZeRO-2/3 with pipelines
 TENSOR_ENGINES = ("megatron", "deepspeed z1", "deepspeed z2", "deepspeed z3", "deepspeed z3+offload", "fsdp2",
                   "fsdp2 hsdp")
 
@@ -138,6 +139,8 @@ def table_of(raw: Mapping[str, Any], keys: Mapping[str, Any]) -> dict[str, Any]:
     engine = STRATEGIES[keys["strategy"]]
     if keys["strategy"] == "fsdp2 hsdp":
         engine = {"fsdp": {"replicate_degree": raw.get("nodes", 1)}}
+    if keys["strategy"] == "fsdp2" and keys["pp"] > 1:
+        engine = {"fsdp": {"reshard_after_forward": False}}   # torchtitan's default with pipelines
     return {**table, "parallel": parallel, "training": training, **engine}
 
 
@@ -150,9 +153,10 @@ def lower_bound(s: Scenario) -> float:
     1F1B); or, if longer, the
     data-parallel collectives' bytes at their bus bandwidth (`data_parallel_time`)."""
     m, t, p, c = s.model, s.training, s.parallel, s.cluster
-    per_micro = max(stage_kernel_time(s, k) for k in {0, p.pp - 1})
+    per_micro = max(stage_kernel_time(s, k) for k in range(p.pp)) if s.stages.uneven else \
+        max(stage_kernel_time(s, k) for k in {0, p.pp - 1})
     plan = t.recompute_plan
-    blocks = m.layers // p.pp
+    blocks = max(s.stages.counts())
     tp_bytes = sum(tensor_parallel_volume(blocks, False, p.tp, seq_len=t.seq_len, micro_batch=t.micro_batch,
                                           hidden=m.hidden, elem=BYTES_PER_ELEMENT[t.precision.value],
                                           grad_accum=1, sequence_parallel=p.sequence_parallel,
@@ -171,10 +175,14 @@ def stage_kernel_time(s: Scenario, stage: int) -> float:
     m, t, p = s.model, s.training, s.parallel
     shape = Shape(t.seq_len, t.micro_batch, p.tp, BYTES_PER_ELEMENT[t.precision.value], s.compute.kernels,
                   s.compute.attention, p.sequence_parallel)
-    per = m.layers // (p.pp * p.virtual_stages)          # blocks per model chunk
     plan = t.recompute_plan
-    mine = [b for b in range(m.layers) if (b // per) % p.pp == stage]
-    recomputed = {b for b in mine for seg in (plan.segments(per) if plan else ()) if b % per in seg}
+    if p.virtual_stages == 1:                             # any split (sim.analytic.stages)
+        mine = list(s.stages.blocks(stage))
+        recomputed = {mine[0] + i for seg in (plan.segments(len(mine)) if plan else ()) for i in seg}
+    else:
+        per = m.layers // (p.pp * p.virtual_stages)      # blocks per model chunk
+        mine = [b for b in range(m.layers) if (b // per) % p.pp == stage]
+        recomputed = {b for b in mine for seg in (plan.segments(per) if plan else ()) if b % per in seg}
     total = 0.0
     for u in units(m, shape):
         if u.block is not None and u.block not in mine:

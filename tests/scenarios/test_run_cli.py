@@ -90,11 +90,15 @@ def test_tensor_and_pipeline_parallel_run(write_scenario, capsys):
     assert sum(out["time"].values()) == pytest.approx(out["step_time_s"], rel=1e-9)
 
 
-def test_fsdp2_with_pipeline_is_refused_clearly(write_scenario, capsys):
+def test_fsdp2_pipeline_that_reshards_after_forward_is_refused_clearly(write_scenario, capsys):
+    """torchtitan pipelines keep parameters gathered (reshard_after_forward = false); a resharding
+    FSDP2 pipeline is not simulated and says so, naming the key and what is allowed."""
     text = TINY.replace("nodes = 1", "nodes = 1\n[parallel]\npp = 2").replace("[zero]\nstage = 3\n", "[fsdp]\n")
     code = main(["run", str(write_scenario(text))])
     err = capsys.readouterr().err
-    assert code == 2 and "parallel.pp" in err and "Traceback" not in err
+    assert code == 2 and "fsdp.reshard_after_forward" in err and "allowed" in err and "Traceback" not in err
+    kept = text.replace("[fsdp]\n", "[fsdp]\nreshard_after_forward = false\n")
+    assert main(["run", str(write_scenario(kept))]) == 0
 
 
 def test_check_prints_des_and_analytic(write_scenario, capsys):

@@ -201,7 +201,9 @@ def test_simulator_refusals_become_the_reason():
     stated = {**VP001, "inter_node_bw": "8x200 Gb/s HDR InfiniBand per node"}
     fsdp_pp = row_from_fields({**stated, "framework": "TorchTitan (FSDP2 + DTensor TP/PP)", "tp": "4", "pp": "2",
                                "dp": "4", "zero_stage": "3 (FSDP2 FSDP 4)", "micro_batch": "2"})
-    assert fsdp_pp.scenario is None and "parallel.pp" in fsdp_pp.reason and "not simulated yet" in fsdp_pp.reason
+    # torchtitan's PP default (reshard_after_forward false) is simulated, but not GPT-3's tied embeddings
+    assert "FSDP2 with PP: reshard_after_forward false" in " ".join(fsdp_pp.assumptions)
+    assert fsdp_pp.scenario is None and "tie_word_embeddings" in fsdp_pp.reason and "not simulated yet" in fsdp_pp.reason
     fsdp_tp = row_from_fields({**stated, "framework": "TorchTitan (FSDP2 + DTensor TP)", "tp": "8", "dp": "4",
                                "zero_stage": "3 (FSDP2 FSDP 4)", "micro_batch": "2"})
     assert fsdp_tp.usable and fsdp_tp.scenario.parallel.tp == 8       # 2D: simulated
@@ -277,3 +279,17 @@ def test_an_unknown_network_that_decides_the_step_keeps_the_row_out_with_its_bra
     stated = row_from_fields({**zero3, "id": "U2", "inter_node_bw": "8x200 Gb/s HDR InfiniBand per node"})
     assert stated.usable
     assert not net.network_unknown("", replace(stated.scenario, nodes=1))
+
+
+def test_deepspeed_transformer_and_embedding_partitions_give_the_end_stages_a_block_fewer():
+    """BLOOM's Megatron-DeepSpeed runs balance blocks and the two embedding layers over the
+    stages ('type:transformer|embedding'): 22 blocks + 2 embeddings on 4 stages is 6 each."""
+    row = {**VP001, "layers": "22", "pp": "4", "dp": "8",
+           "other_config": "PP partition 'type:transformer|embedding'"}
+    split = row_from_fields(row)
+    assert split.usable and split.scenario.stages.counts() == (5, 6, 6, 5)
+    assert any("5 blocks on the first and last stages" in a for a in split.assumptions)
+    unstated = row_from_fields({**row, "other_config": ""})
+    assert unstated.scenario is None and "does not divide" in unstated.reason
+    uneven = row_from_fields({**row, "layers": "21"})
+    assert uneven.scenario is None and "uneven inside the stages" in uneven.reason
