@@ -21,9 +21,11 @@ import re
 import statistics
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any, Protocol
 
 from sim.core.errors import InputError
 from sim.des.engine import Mode
@@ -45,11 +47,22 @@ def default_csvs() -> list[Path]:
     return []
 
 
+class Simulable(Protocol):
+    """A row with an id and the scenario it describes."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def scenario(self) -> Scenario | None: ...
+
+
 @dataclass
 class Outcome:
     predicted_s: float | None = None
     fits: bool | None = None
     problem: str = ""     # refused / timed out / failed
+    peak_bytes: float | None = None   # the representative rank's peak device memory (allocated)
     wall_s: float = 0.0
 
 
@@ -57,19 +70,20 @@ def _child(s: Scenario, conn: Connection) -> None:
     try:
         check_work(s, steps=1, full=False)
         r = simulate(s, steps=1, mode=Mode.REPRESENTATIVE)
-        conn.send((r.step_time_s, r.fits, ""))
+        conn.send((r.step_time_s, r.fits, r.peak_pool().peak, ""))
     except InputError as e:
-        conn.send((None, None, f"refused: {e.problem}"))
+        conn.send((None, None, None, f"refused: {e.problem}"))
     except Exception as e:  # report, never hang the parent
-        conn.send((None, None, f"failed: {type(e).__name__}: {e}"))
+        conn.send((None, None, None, f"failed: {type(e).__name__}: {e}"))
     finally:
         conn.close()
 
 
-def run_all(rows: list[PublishedRow], workers: int, timeout: float) -> dict[str, Outcome]:
+def run_all(rows: Sequence[Simulable], workers: int, timeout: float) -> dict[str, Outcome]:
     """Simulate each row's scenario in a fresh process, `workers` at a time."""
     ctx = mp.get_context("fork")
-    todo, running, out = list(rows), [], {}
+    todo, out = list(rows), {}
+    running: list[tuple[Simulable, Any, Connection, float]] = []
     while todo or running:
         while todo and len(running) < workers:
             row = todo.pop(0)
@@ -85,10 +99,10 @@ def run_all(rows: list[PublishedRow], workers: int, timeout: float) -> dict[str,
             elapsed = time.monotonic() - start
             if parent.poll():
                 try:
-                    pred, fits, problem = parent.recv()
+                    pred, fits, peak, problem = parent.recv()
                 except EOFError:
-                    pred, fits, problem = None, None, "failed: the worker died"
-                out[row.id] = Outcome(pred, fits, problem, elapsed)
+                    pred, fits, peak, problem = None, None, None, "failed: the worker died"
+                out[row.id] = Outcome(pred, fits, problem, peak_bytes=peak, wall_s=elapsed)
             elif not proc.is_alive():
                 out[row.id] = Outcome(problem=f"failed: the worker exited ({proc.exitcode})", wall_s=elapsed)
             elif elapsed > timeout:
