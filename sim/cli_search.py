@@ -16,7 +16,7 @@ import pandas as pd
 from sim.cli_checks import CLI, check_int, check_output_path, comma_choices, scenario_path, strict_json, written
 from sim.studies.search import RECOMPUTE, STRATEGIES, search
 
-SHOWN = ("rank", "strategy", "tp", "pp", "virtual_stages", "dp", "micro_batch", "recompute", "step_time_s", "tokens_per_s", "mfu",
+SHOWN = ("rank", "strategy", "tp", "pp", "virtual_stages", "end_stage_layers", "dp", "micro_batch", "recompute", "step_time_s", "tokens_per_s", "mfu",
          "peak_bytes", "exposed_comm_s", "bubble_s", "bound")
 
 

@@ -1,8 +1,8 @@
 """`zerosim search`: the fastest layouts for a scenario's model, cluster and global batch.
 
 1. Enumerate (`candidates`): tensor parallel degree t (a divisor of the attention and
-   key/value heads, up to two nodes' GPUs), pipeline degree p (a divisor of the layers, up
-   to 64) and with Megatron its model chunks per stage v (1, 2, 3, 4: interleaved 1F1B),
+   key/value heads, up to two nodes' GPUs), pipeline degree p (up to 64: a divisor of the
+   layers, or of the layers + 2 with the end stages a block short, `pipeline_splits`) and with Megatron its model chunks per stage v (1, 2, 3, 4: interleaved 1F1B),
    data parallel d = GPUs / (t p), micro-batch b (1, 2, 4, 8, 16: d b must divide
    the global batch), recomputation (none, selective, full; with FSDP2 on a dense model
    also torchtitan's per-op "selective-op") and a training engine: Megatron-
@@ -14,9 +14,9 @@
    scenario loader: what a file could not hold is rejected with the loader's reason.
 2. Prune with the analytic twin: the memory report (sim.results.memory_report, an upper
    estimate of the peak) rejects what does not fit; a lower bound on the step
-   (`lower_bound`: the hardware FLOPs per GPU at the GPU's best kernel efficiency, plus the
-   tensor-parallel collectives on the compute stream, stretched by the 1F1B bubble
-   (m + (p - 1) / v) / m) orders the rest.
+   (`lower_bound`: each stage's kernels at the kernel model's times, plus its
+   tensor-parallel collectives on the compute stream, through the 1F1B fill and drain)
+   orders the rest.
 3. Simulate in order of the bound (branch and bound): once `top` layouts are simulated, a
    candidate whose bound is at least the `top`-th best step time cannot enter the ranking
    and is pruned with both numbers; at most `max_simulations` DES runs.
@@ -85,6 +85,17 @@ def divisors(n: int, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
+def pipeline_splits(layers: int, limit: int) -> list[tuple[int, int]]:
+    """(p, blocks on each end stage; 0: the even split): every divisor of the layers, and
+    the p >= 3 that divide layers + 2 but not the layers, with the embedding and head
+    counted as a block each on the end stages (DeepSpeed's 'type:transformer|embedding'
+    partition; Llama 3's 126 layers on 16 stages, 7 on each end, 8 on the others)."""
+    even = [(p, 0) for p in divisors(layers, limit)]
+    balanced = [(p, (layers + 2) // p - 1) for p in range(3, min(layers, limit) + 1)
+                if layers % p and (layers + 2) % p == 0 and (layers + 2) // p > 1]
+    return sorted(even + balanced)
+
+
 def candidates(m: ModelSpec, world: int, gpn: int, batch: int,
                strategies: Iterable[str] = tuple(STRATEGIES),
                recompute_options: Iterable[str] = RECOMPUTE) -> list[dict[str, Any]]:
@@ -92,7 +103,7 @@ def candidates(m: ModelSpec, world: int, gpn: int, batch: int,
     at a global batch of `batch` sequences (module docstring)."""
     out = []
     for tp in divisors(math.gcd(m.heads, m.kv_heads), 2 * gpn):
-        for pp in divisors(m.layers, MAX_PP):
+        for pp, ends in pipeline_splits(m.layers, MAX_PP):
             if world % (tp * pp):
                 continue
             dp = world // (tp * pp)
@@ -102,7 +113,7 @@ def candidates(m: ModelSpec, world: int, gpn: int, batch: int,
                 if strategy == "fsdp2 hsdp" and world <= gpn:
                     continue          # one node: HSDP is FSDP
                 chunks = [1] + ([v for v in VIRTUAL_STAGES if m.layers % (pp * v) == 0]
-                                if strategy == "megatron" and pp > 1 else [])
+                                if strategy == "megatron" and pp > 1 and not ends else [])
                 for micro in MICRO_BATCHES:
                     if batch % (micro * dp):
                         continue
@@ -113,8 +124,9 @@ def candidates(m: ModelSpec, world: int, gpn: int, batch: int,
                             if recompute == "selective-op" and (strategy not in OP_RECOMPUTE_ENGINES
                                                                 or m.experts > 1 or m.lora is not None):
                                 continue
-                            out.append({"strategy": strategy, "tp": tp, "pp": pp, "virtual_stages": v, "dp": dp,
-                                        "micro_batch": micro, "recompute": recompute})
+                            out.append({"strategy": strategy, "tp": tp, "pp": pp, "virtual_stages": v,
+                                        "end_stage_layers": ends, "dp": dp, "micro_batch": micro,
+                                        "recompute": recompute})
     return out
 
 
@@ -122,8 +134,10 @@ def table_of(raw: Mapping[str, Any], keys: Mapping[str, Any]) -> dict[str, Any]:
     """The base scenario table with the candidate's layout and engine."""
     table = {k: v for k, v in raw.items() if k not in ENGINE_KEYS}
     parallel = {k: v for k, v in dict(raw.get("parallel") or {}).items()
-                if k not in ("tp", "pp", "dp", "virtual_stages")}
+                if k not in ("tp", "pp", "dp", "virtual_stages", "first_stage_layers", "last_stage_layers")}
     parallel.update(tp=keys["tp"], pp=keys["pp"])
+    if keys.get("end_stage_layers"):
+        parallel.update(first_stage_layers=keys["end_stage_layers"], last_stage_layers=keys["end_stage_layers"])
     if keys.get("virtual_stages", 1) > 1:
         parallel["virtual_stages"] = keys["virtual_stages"]
     if keys["strategy"] in ("megatron", "fsdp2", "fsdp2 hsdp") and keys["tp"] > 1:
@@ -145,26 +159,39 @@ def table_of(raw: Mapping[str, Any], keys: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def lower_bound(s: Scenario) -> float:
-    """A step time the DES cannot beat: the slowest pipeline stage's kernels for one
-    micro-batch (forward, backward and what recomputation runs again, each kernel at
-    sim.analytic.kernel_time: the DES runs these and more) plus its tensor-parallel
-    collectives at their group's bus bandwidth (on the compute stream, not overlapped),
-    times m + (p - 1) / v for m micro-batches, p stages and v chunks per stage ((interleaved)
-    1F1B); or, if longer, the
-    data-parallel collectives' bytes at their bus bandwidth (`data_parallel_time`)."""
+    """A step time the DES cannot beat. Stage k's work per micro-batch, t_k, is its kernels
+    (forward, backward and what recomputation runs again, each at sim.analytic.kernel_time:
+    the DES runs these and more) plus its tensor-parallel collectives at their group's bus
+    bandwidth (on the compute stream, not overlapped). With 1F1B, stage k starts only after
+    the stages before it have run the first micro-batch forward and ends only before they
+    run the last one backward, so a step takes at least sum_{j<k} t_j + m t_k for every k
+    (m micro-batches; (m + p - 1) t for p equal stages); interleaved over v chunks, at least
+    (m + (p - 1) / v) t of the slowest end stage. Or, if longer, the data-parallel
+    collectives' bytes at their bus bandwidth (`data_parallel_time`)."""
+    t, p = s.training, s.parallel
+    if p.virtual_stages > 1:
+        per_micro = max(_stage_time(s, k) for k in {0, p.pp - 1})
+        return max(per_micro * (t.grad_accum + (p.pp - 1) / p.virtual_stages), data_parallel_time(s))
+    distinct = {k: _stage_time(s, k) for k in {0, min(1, p.pp - 1), p.pp - 1}}   # the middle stages are alike
+    times = [distinct.get(k, distinct[min(1, p.pp - 1)]) for k in range(p.pp)]
+    pipeline = max(sum(times[:k]) + t.grad_accum * times[k] for k in range(p.pp))
+    return max(pipeline, data_parallel_time(s))
+
+
+def _stage_time(s: Scenario, stage: int) -> float:
+    """Stage `stage`'s kernels and tensor-parallel collectives for one micro-batch."""
     m, t, p, c = s.model, s.training, s.parallel, s.cluster
-    per_micro = max(stage_kernel_time(s, k) for k in range(p.pp)) if s.stages.uneven else \
-        max(stage_kernel_time(s, k) for k in {0, p.pp - 1})
     plan = t.recompute_plan
-    blocks = max(s.stages.counts())
+    blocks = s.stages.counts()[stage]
     tp_bytes = sum(tensor_parallel_volume(blocks, False, p.tp, seq_len=t.seq_len, micro_batch=t.micro_batch,
                                           hidden=m.hidden, elem=BYTES_PER_ELEMENT[t.precision.value],
                                           grad_accum=1, sequence_parallel=p.sequence_parallel,
                                           recomputed=plan.recomputed(blocks) if plan else 0).values())
+    seconds = stage_kernel_time(s, stage)
     if tp_bytes:
         shape = opcost.GroupShape(p.tp, -(-p.tp // s.gpus_per_node), min(p.tp, s.gpus_per_node))
-        per_micro += tp_bytes / min(opcost.link_capacity(link, c) * mult for link, mult in opcost.ring_links(shape))
-    return max(per_micro * (t.grad_accum + (p.pp - 1) / p.virtual_stages), data_parallel_time(s))
+        seconds += tp_bytes / min(opcost.link_capacity(link, c) * mult for link, mult in opcost.ring_links(shape))
+    return seconds
 
 
 def stage_kernel_time(s: Scenario, stage: int) -> float:
@@ -292,6 +319,7 @@ def _order(keys: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def _describe(keys: Mapping[str, Any]) -> str:
     chunks = f" x {keys['virtual_stages']} chunks" if keys.get("virtual_stages", 1) > 1 else ""
+    chunks += f" ({keys['end_stage_layers']} blocks on each end)" if keys.get("end_stage_layers") else ""
     return (f"{keys['strategy']} tp {keys['tp']} pp {keys['pp']}{chunks} dp {keys['dp']} micro "
             f"{keys['micro_batch']} recompute {keys['recompute']}")
 

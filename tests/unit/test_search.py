@@ -71,3 +71,26 @@ def test_the_command_prints_the_ranking_and_json(searched, capsys, tmp_path):
     assert main(["search", str(bad), "--quiet"]) == 2
     assert "training.global_batch" in capsys.readouterr().err
     assert main(["search", str(path), "--strategies", "megatron,warp"]) == 2
+
+
+def test_pipelines_that_do_not_divide_the_layers_put_a_block_less_on_each_end(tmp_path):
+    """126 layers on 16 stages (Llama 3.1 405B) only as 7 + 14 x 8 + 7; a 10-layer model on
+    4 stages as 2 + 3 + 3 + 2, simulated like any other candidate, its bound below its step."""
+    from sim.inputs.load import scenario_from_table
+    from sim.inputs.reading import parse_toml
+    from sim.simulate import simulate
+    from sim.studies.search import lower_bound, pipeline_splits, table_of
+
+    assert (16, 7) in pipeline_splits(126, 64) and (16, 0) not in pipeline_splits(126, 64)
+    assert pipeline_splits(8, 64) == [(1, 0), (2, 0), (4, 0), (5, 1), (8, 0)]     # 1 + 3 x 2 + 1 on 5
+    text = SCENARIO.replace("layers = 8", "layers = 10")
+    m = model_from_table({"name": "small", "layers": 10, "hidden": 2048, "heads": 16, "kv_heads": 16,
+                          "ffn_hidden": 5504, "vocab": 32000}, "x", "model.")
+    uneven = [k for k in candidates(m, 16, 8, 64) if k["end_stage_layers"]]
+    assert uneven and {(k["pp"], k["end_stage_layers"]) for k in uneven} == {(4, 2)}
+    assert all(k["virtual_stages"] == 1 and k["strategy"] in ("megatron", "deepspeed z1", "fsdp2") for k in uneven)
+    keys = next(k for k in uneven if k["strategy"] == "megatron" and k["tp"] == 1 and k["micro_batch"] == 1
+                and k["recompute"] == "none")
+    s = scenario_from_table(table_of(parse_toml(text, tmp_path / "s.toml"), keys), tmp_path / "s.toml", "s")
+    assert s.stages.counts() == (2, 3, 3, 2)
+    assert lower_bound(s) <= simulate(s).step_time_s
