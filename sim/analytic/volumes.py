@@ -63,6 +63,16 @@ def deepspeed_volume(tensors: list[tuple[int, bool]], dp: int, stage: int, *, gr
     return {k: v for k, v in out.items() if v}
 
 
+def bf16_optimizer_volume(psi: int, dp: int, *, accumulation_bytes: int, elem: int) -> dict[str, float]:
+    """DeepSpeed's BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py) over one rank's psi
+    parameters: the accumulated gradients all-reduced once per step in the accumulation
+    dtype, the global norm (4 B fp32, always computed), and the 16-bit partitions
+    all-gathered after the step (`update_lp_params`)."""
+    out = {"all_reduce": _ar(accumulation_bytes * psi, dp) + _ar(4.0, dp),
+           "all_gather": _once(elem * flat_padded(psi, dp), dp)}
+    return {k: v for k, v in out.items() if v}
+
+
 def ddp_engine_volume(psi: int, dp: int, *, zero_redundancy: bool, clipping: bool,
                       buffer_bytes: float = 0.0) -> dict[str, float]:
     """torch DDP: fp32 gradients all-reduced once per step; ZeroRedundancyOptimizer adds a

@@ -16,13 +16,22 @@
   multiple of 2 x dp) on the compute stream, overlapped with nothing.
 - Stage 0 (DeepSpeed without ZeRO): after backward, at the boundary, all-reduce of all
   gradients in 5e8-element buckets on the compute stream; Adam on all parameters.
+- BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py; bf16 with ZeRO-1 and fp32
+  gradient accumulation, or bf16 without ZeRO under a pipeline: Scenario.bf16_optimizer_bytes):
+  after every micro-step's backward the 16-bit gradients are added into a full-size
+  accumulation buffer and zeroed (`update_hp_grads`, `clear_lp_grads`: memory-bound); at the
+  boundary that buffer is all-reduced in its own dtype in 5e8-element buckets on the
+  compute stream (`buffered_allreduce_fallback`, pipe/engine.py `_bf16_reduce_grads`); Adam
+  steps this rank's 1/dp of the fp32 master, the 16-bit partitions are all-gathered and the
+  buffer cleared (`update_lp_params`, `clear_hp_grads`).
 """
 
 from __future__ import annotations
 
 from sim.analytic.comm import flat_padded
+from sim.analytic.kernels import memory
 from sim.analytic.placement import TensorGroup, census_numel, rank_grad_shapes, rank_tensors, trainable
-from sim.analytic.volumes import deepspeed_volume
+from sim.analytic.volumes import bf16_optimizer_volume, deepspeed_volume
 from sim.analytic.zeropp import zeropp_implemented_volume
 from sim.core.enums import Axis, Coll, ScheduleMode, ZeroStage
 from sim.core.errors import InputError
@@ -51,8 +60,11 @@ class Zero12Planner(Planner):
         self.z = self.s.zero
         self.stage = self.z.stage
         self.offload = self.z.offload_optimizer.enabled
-        self.comm_bytes = self.elem(self.half)
-        self.bucket = DeepSpeedBucket(STAGE0_BUCKET if self.stage == 0 else self.z.reduce_bucket_size)
+        self.accumulation = s.bf16_optimizer_bytes          # BF16_Optimizer's buffer dtype; 0: not it
+        self.partitioned = self.stage >= ZeroStage.OPTIMIZER or bool(self.accumulation)
+        self.comm_bytes = self.accumulation or self.elem(self.half)
+        self.bucket = DeepSpeedBucket(STAGE0_BUCKET if self.stage == 0 or self.accumulation
+                                      else self.z.reduce_bucket_size)
         self.in_flight: OpRef | None = None   # the last bucket reduction launched (overlap_comm)
         self.offload_copies: list[OpRef] = []
         self.delayed: OpRef | None = None     # the delayed update's last copy (start_of_step)
@@ -62,6 +74,8 @@ class Zero12Planner(Planner):
         return zero12_resident(self.s, census)
 
     def name_of_stage(self) -> str:
+        if self.accumulation:
+            return f"BF16_Optimizer ({'fp32' if self.accumulation == 4 else 'bf16'} gradient accumulation)"
         return f"ZeRO-{int(self.stage)}" if self.stage else "DeepSpeed (no ZeRO)"
 
     # -- gradient reduction ----------------------------------------------------------------
@@ -77,7 +91,8 @@ class Zero12Planner(Planner):
         return use.what is not B or not (self.in_hooks() and self.reduces_now(use.micro_step))
 
     def in_hooks(self) -> bool:
-        return self.stage == ZeroStage.GRADIENTS or (self.stage == ZeroStage.OPTIMIZER and self.z.overlap_comm)
+        return not self.accumulation and (self.stage == ZeroStage.GRADIENTS
+                                          or (self.stage == ZeroStage.OPTIMIZER and self.z.overlap_comm))
 
     def after_use(self, use: Use, op: OpRef) -> None:
         if use.what is not B or not self.in_hooks() or not self.reduces_now(use.micro_step):
@@ -88,6 +103,10 @@ class Zero12Planner(Planner):
                 self.reduce_bucket(elements, use.micro_step, op, g.block)
 
     def end_of_backward(self, ms: int) -> None:
+        if self.accumulation:    # update_hp_grads: read 16-bit, read and write the buffer; clear_lp_grads
+            self.compute("accumulate 16-bit gradients into the buffer (update_hp_grads)", Phase.BWD, ms,
+                         (memory("update_hp_grads", self.grad_psi * (self.elem(self.half) * 2 + 2 * self.accumulation)),),
+                         None)
         if not self.reduces_now(ms):
             return
         last = self.b.last(Stream.COMPUTE)
@@ -103,13 +122,13 @@ class Zero12Planner(Planner):
         self.in_flight = None
 
     def reduce_bucket(self, elements: int, ms: int, producer: OpRef | None, layer: int | None) -> None:
-        overlap = self.z.overlap_comm and self.stage > 0
+        overlap = self.z.overlap_comm and self.stage > 0 and not self.accumulation
         stream = Stream.REDUCE if overlap else Stream.COMPUTE
         nbytes = elements * self.comm_bytes
         if overlap:
             self.wait_before_next_compute(self.in_flight)   # compute waits for bucket k-1
         last: OpRef | None = None
-        if self.stage > 0 and self.z.reduce_scatter and not self.z.use_multi_rank_bucket_allreduce:
+        if self.in_hooks() and self.z.reduce_scatter and not self.z.use_multi_rank_bucket_allreduce:
             for _dst in range(self.dp):
                 last = self.collective(stream, Coll.REDUCE, nbytes / self.dp, "bucket reduce to owner",
                                        Phase.BWD, ms, deps=[producer], layer=layer, purpose="grad bucket")
@@ -126,7 +145,7 @@ class Zero12Planner(Planner):
 
     # -- the step --------------------------------------------------------------------------
     def _partition(self) -> float:
-        return self.padded / (self.dp if self.stage >= ZeroStage.OPTIMIZER else 1)
+        return self.padded / (self.dp if self.partitioned else 1)
 
     def _offload_step(self) -> DeepSpeedCpuAdam:
         return DeepSpeedCpuAdam(self._partition() * self.elem(self.half), pageable=not self.z.offload_optimizer.pin_memory,
@@ -142,19 +161,23 @@ class Zero12Planner(Planner):
         if self.stage > 0 and self.t.precision.value == "fp16":
             self.collective(Stream.COMPUTE, Coll.ALL_REDUCE, 4.0, "overflow check all-reduce", Phase.STEP,
                             self.boundary, purpose="overflow check")
-        norm = self.grad_norm(always=self.stage > 0)
+        norm = self.grad_norm(always=self.partitioned)
         shard = self._partition()
-        fp32_grads = Alloc(Mem.OPTIMIZER, "fp32 gradient partition", 4.0 * shard)
+        # BF16_Optimizer steps on a view of its accumulation buffer; ZeRO-1/2 build an fp32 partition
+        fp32_grads = () if self.accumulation else (Alloc(Mem.OPTIMIZER, "fp32 gradient partition", 4.0 * shard),)
         if self.delayed is not None:      # the CPU path began with the step
             self.b.stream_wait(Stream.COMPUTE, self.delayed)
         elif self.offload:
             self.optimizer(self._offload_step(), shard, [norm, *self.offload_copies])
         else:
-            self.optimizer(GpuAdam(self.t.optimizer, 1, (fp32_grads,)), shard, [norm])   # one flat partition
-        if self.stage > 0:
+            self.optimizer(GpuAdam(self.t.optimizer, 1, fp32_grads), shard, [norm])   # one flat partition
+        if self.partitioned:
             self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.padded * self.elem(self.half),
                             "all_gather_into_tensor (16-bit partitions)", Phase.STEP, self.boundary,
                             purpose="post-step")
+        if self.accumulation:    # clear_hp_grads
+            self.compute("clear the gradient accumulation buffer (clear_hp_grads)", Phase.STEP, self.boundary,
+                         (memory("clear_hp_grads", self.accumulation * self.padded),), None)
 
     def notes(self) -> list[str]:
         return [f"{self.name_of_stage()}: one parameter group; overlap_comm={self.z.overlap_comm}"]
@@ -165,9 +188,15 @@ def zero12_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
     assert z is not None
     psi = census_numel(trainable(census))     # the optimizer's parameters (LoRA: the adapters)
     padded = flat_padded(psi, dp)
-    n = dp if stage >= ZeroStage.OPTIMIZER else 1
+    n = dp if stage >= ZeroStage.OPTIMIZER or s.bf16_optimizer_bytes else 1
     offload = z.offload_optimizer.enabled
     device = [*frozen_base(census, value_bytes=h), Alloc(Mem.PARAMS, "16-bit parameters", h * psi)]
+    if s.bf16_optimizer_bytes:   # 16-bit gradients kept (zeroed, not freed), the full-size buffer, 1/dp fp32 state
+        device += [Alloc(Mem.GRADS, "16-bit gradients", h * padded),
+                   Alloc(Mem.GRADS, "gradient accumulation buffer (BF16_Optimizer)", s.bf16_optimizer_bytes * padded),
+                   Alloc(Mem.OPTIMIZER, "fp32 master parameters", 4.0 * padded / n),
+                   Alloc(Mem.OPTIMIZER, "Adam m and v", 8.0 * padded / n)]
+        return resident(s, device, [])
     if not (offload and stage >= ZeroStage.GRADIENTS):
         device.append(Alloc(Mem.GRADS, "16-bit gradients", h * padded / (dp if stage >= ZeroStage.GRADIENTS else 1)))
     host: list[Alloc] = []
@@ -197,6 +226,10 @@ def deepspeed_dp_volume(s: Scenario) -> dict[str, float]:
         return zeropp_dp_volume(s)
     p = s.parallel
     grads = [n for n, _ in rank_tensors(s.model, p.tp, s.stages, 0, trainable_only=True)] if s.model.lora else None
+    if s.bf16_optimizer_bytes:
+        return bf16_optimizer_volume(sum(grads or [n for n, _ in rank_tensors(s.model, p.tp, s.stages, 0)]), p.dp,
+                                     accumulation_bytes=s.bf16_optimizer_bytes,
+                                     elem=BYTES_PER_ELEMENT[t.precision.value])
     return deepspeed_volume(rank_tensors(s.model, p.tp, s.stages, 0), p.dp, int(z.stage), grad_tensors=grads,
                             grad_accum=t.grad_accum, elem=BYTES_PER_ELEMENT[t.precision.value],
                             clipping=t.gradient_clipping > 0, persistence_threshold=z.param_persistence_threshold,

@@ -29,10 +29,11 @@ NO_EFFECT = {   # logging, schedules, seeds, checkpoint I/O: no effect on step t
 }
 SIMULATED = {"train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps", "fp16",
              "bf16", "bfloat16", "gradient_clipping", "zero_optimization", "communication_data_type",
-             "activation_checkpointing", "aio"}
+             "activation_checkpointing", "aio", "data_types"}
 # Keys that change the work in ways not simulated yet: accepted at their defaults only.
-NOT_SIMULATED = {"prescale_gradients": False, "gradient_predivide_factor": 1.0, "data_types": None,
+NOT_SIMULATED = {"prescale_gradients": False, "gradient_predivide_factor": 1.0,
                  "gradient_accumulation_dtype": None}
+DATA_TYPES_KEYS = (Key("grad_accum_dtype", str, required=False, default=None, choices=("fp32", "bf16", "fp16")),)
 CHECKPOINT_KEYS = (   # activation_checkpointing (deepspeed/runtime/activation_checkpointing/config.py)
     Key("partition_activations", bool, required=False, default=False),
     Key("cpu_checkpointing", bool, required=False, default=False),   # D2H in forward, H2D before recompute
@@ -94,7 +95,9 @@ def read_deepspeed_config(path: Path, *, hidden: int) -> DeepSpeedSettings:
         contiguous_memory_optimization=ckpt["contiguous_memory_optimization"],
         number_checkpoints=ckpt["number_checkpoints"],
         zero=replace(zero_from_dict(zero_raw, path, "zero_optimization.", hidden=hidden),
-                     aio=read_aio(cfg.get("aio") or {}, path)),
+                     aio=read_aio(cfg.get("aio") or {}, path),
+                     grad_accum_dtype=read_table(cfg.get("data_types") or {}, DATA_TYPES_KEYS, path,
+                                                 "data_types.")["grad_accum_dtype"]),
         torch_adam=_torch_adam(cfg.get("optimizer"), path),
     )
 

@@ -125,6 +125,21 @@ class Scenario:
         return Stages(self.model.layers, p.pp, p.first_stage_layers, p.last_stage_layers)
 
     @property
+    def bf16_optimizer_bytes(self) -> int:
+        """DeepSpeed runs its BF16_Optimizer (deepspeed/runtime/bf16_optimizer.py) for bf16
+        with ZeRO-1 and fp32 gradient accumulation, or bf16 without ZeRO under a pipeline
+        (engine.py `_do_optimizer_sanity_check`): the bytes per element of its full-size
+        gradient-accumulation buffer (the accumulation dtype), 0 when it does not."""
+        z = self.zero
+        if self.engine is not Engine.DEEPSPEED or z is None or self.training.precision.value != "bf16":
+            return 0
+        if z.stage == ZeroStage.OPTIMIZER and z.grad_accum_dtype == "fp32" and not z.offload_optimizer.enabled:
+            return 4
+        if z.stage == ZeroStage.NONE and self.parallel.pp > 1 and z.grad_accum_dtype in (None, "bf16"):
+            return 2
+        return 0
+
+    @property
     def partitioned_checkpoints(self) -> bool:
         """DeepSpeed's `partition_activations` splits each checkpoint of full recomputation
         over the TP group (with sequence parallelism it is split already)."""

@@ -28,6 +28,25 @@ def check_scenario(s: Scenario, source: Path) -> None:
     _check_contiguous(s, source)
     _check_interleaving(s, source)
     _check_op_recompute(s, source)
+    _check_grad_accum_dtype(s, source)
+
+
+def _check_grad_accum_dtype(s: Scenario, source: Path) -> None:
+    """DeepSpeed's data_types.grad_accum_dtype (engine.py `_do_optimizer_sanity_check`): the
+    model's own dtype changes nothing; fp32 with bf16 and ZeRO-1 selects the BF16_Optimizer
+    (Scenario.bf16_optimizer_bytes); without ZeRO a different dtype is DeepSpeed's error
+    ("unsupported mix"); the other ZeRO cases are not simulated yet."""
+    z = s.zero
+    if z is None or z.grad_accum_dtype in (None, s.training.precision.value) or s.bf16_optimizer_bytes:
+        return
+    key, given = "zero.grad_accum_dtype", f"{z.grad_accum_dtype!r} with {s.training.precision.value}"
+    if z.stage == 0:
+        raise InputError(source, key, f"{given} and no ZeRO: DeepSpeed's 'unsupported mix of model_dtype and "
+                         f"grad_accum_dtype'; allowed: {s.training.precision.value} or leave it out")
+    raise InputError(source, key, f"{given} at ZeRO stage {int(z.stage)}"
+                     + (" with offload_optimizer" if z.offload_optimizer.enabled else "")
+                     + f": {NOT_SIMULATED_YET}; allowed: fp32 with bf16 and ZeRO-1 without offload "
+                     "(DeepSpeed's BF16_Optimizer), or leave it out")
 
 
 OP_RECOMPUTE_ENGINES = (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY, Engine.FSDP2)

@@ -64,6 +64,7 @@ class ZeroConfig:
     zero_quantized_weights: bool = False
     zero_quantized_nontrainable_weights: bool = False
     zero_quantized_gradients: bool = False
+    grad_accum_dtype: str | None = None   # DeepSpeed's data_types.grad_accum_dtype; None: the model's dtype
     offload_optimizer: OffloadConfig = field(default_factory=OffloadConfig)
     offload_param: OffloadConfig = field(default_factory=OffloadConfig)
     aio: AioConfig = field(default_factory=AioConfig)   # DeepSpeed's top-level `aio` (NVMe swaps)
@@ -93,6 +94,7 @@ ZERO_KEYS = (
     Key("zero_quantized_weights", _B, required=False, default=False),
     Key("zero_quantized_nontrainable_weights", _B, required=False, default=False, not_simulated=True),
     Key("zero_quantized_gradients", _B, required=False, default=False),
+    Key("grad_accum_dtype", str, required=False, default=None, choices=("fp32", "bf16", "fp16")),
     Key("offload_optimizer", object, required=False, default=None),
     Key("offload_param", object, required=False, default=None),
 )

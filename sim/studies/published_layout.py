@@ -192,6 +192,9 @@ def engine(f: Mapping[str, str], nodes: int, gpn: int, notes: list[str], tp: int
         cpu_checkpointing = bool(zero.pop("cpu_checkpointing", False))
         delayed = bool(zero.pop("delayed_parameter_update", False))
         zero.update(zero_knobs(f.get("other_config", ""), f.get("framework", ""), gpn))
+        if "bf16optimizer" in zs.replace(" ", "").replace("_", "") and stage == 1:
+            zero["grad_accum_dtype"] = "fp32"     # what selects BF16_Optimizer at ZeRO-1 in DeepSpeed
+            notes.append("BF16Optimizer: DeepSpeed's BF16_Optimizer (ZeRO-1, fp32 gradient accumulation)")
         pa = "partition" in f.get("act_ckpt", "").lower() or bool(re.search(r"\bpa\b", zs))
         return EngineChoice({"engine": "deepspeed", "zero": zero}, family, megatron, pa, cpu_checkpointing, delayed)
     if family == "megatron":

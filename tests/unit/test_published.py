@@ -293,3 +293,12 @@ def test_deepspeed_transformer_and_embedding_partitions_give_the_end_stages_a_bl
     assert unstated.scenario is None and "does not divide" in unstated.reason
     uneven = row_from_fields({**row, "layers": "21"})
     assert uneven.scenario is None and "uneven inside the stages" in uneven.reason
+
+
+def test_bigscience_bf16_optimizer_rows_run_deepspeeds_bf16_optimizer():
+    row = row_from_fields({**VP001, "framework": "Megatron-DeepSpeed (BigScience fork)", "zero_stage": "1 (BF16Optimizer)",
+                           "precision": "bf16 (fp32 grad accumulation)"})
+    assert row.usable and row.scenario.zero.grad_accum_dtype == "fp32" and row.scenario.bf16_optimizer_bytes == 4
+    plain = row_from_fields({**VP001, "framework": "Megatron-DeepSpeed (BigScience fork)", "zero_stage": "1",
+                             "precision": "bf16"})
+    assert plain.usable and plain.scenario.bf16_optimizer_bytes == 0
