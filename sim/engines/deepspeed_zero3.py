@@ -46,6 +46,7 @@ from sim.engines.uses import B, C, F, Use
 from sim.engines.zero3_memory import zero3_resident
 from sim.engines.zeropp import ZeroPlusPlus, qgz_reduce
 from sim.inputs.scenario import Scenario
+from sim.inputs.zero_config import CURRENT_VERSION
 
 MAX_ONGOING_FETCHES = 2     # partitioned_param_coordinator.py __max_ongoing_fetch_events
 MAX_REDUCE_EVENTS = 2       # stage3.py max_param_reduce_events
@@ -405,6 +406,6 @@ class Zero3Planner(Planner):
 DEEPSPEED_ZERO3 = EngineModel(
     name="deepspeed-zero3", summary="DeepSpeed ZeRO-3 (stage3.py, partitioned_param_coordinator.py)",
     applies=lambda s: (s.schedule_mode is ScheduleMode.IMPLEMENTED and s.zero is not None
-                       and s.zero.stage == ZeroStage.PARAMETERS),
+                       and s.zero.stage == ZeroStage.PARAMETERS and s.zero.deepspeed_version == CURRENT_VERSION),
     planner=Zero3Planner, resident=zero3_resident, volume=deepspeed_dp_volume,
     check=no_partitioned_gradients_with_pipelines)

@@ -13,6 +13,7 @@ from sim.core.errors import InputError
 from sim.core.limits import estimated_ops
 from sim.engines.ddp import DDP
 from sim.engines.deepspeed_zero3 import DEEPSPEED_ZERO3
+from sim.engines.deepspeed_zero3_v05 import DEEPSPEED_ZERO3_V05
 from sim.engines.deepspeed_zero12 import DEEPSPEED_ZERO012
 from sim.engines.fsdp2 import FSDP2
 from sim.engines.layout import Layout
@@ -25,7 +26,8 @@ from sim.engines.skeleton import Planner
 from sim.engines.workload import unit_count
 from sim.inputs.scenario import Scenario
 
-ENGINES: tuple[EngineModel, ...] = (PAPER, DDP, FSDP2, DEEPSPEED_ZERO012, DEEPSPEED_ZERO3, MEGATRON)
+ENGINES: tuple[EngineModel, ...] = (PAPER, DDP, FSDP2, DEEPSPEED_ZERO012, DEEPSPEED_ZERO3, DEEPSPEED_ZERO3_V05,
+                                    MEGATRON)
 
 
 def model_of(s: Scenario) -> EngineModel:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.core.enums import AttentionImpl, Engine, Recompute, ScheduleMode
+from sim.core.enums import AttentionImpl, Engine, Recompute, ScheduleMode, ZeroStage
 from sim.core.errors import InputError
 from sim.core.model import Position
 from sim.inputs.scenario import Scenario
 from sim.inputs.schema import NOT_SIMULATED_YET
+from sim.inputs.zero_config import CURRENT_VERSION
 
 
 def check_scenario(s: Scenario, source: Path) -> None:
@@ -29,6 +30,7 @@ def check_scenario(s: Scenario, source: Path) -> None:
     _check_interleaving(s, source)
     _check_op_recompute(s, source)
     _check_grad_accum_dtype(s, source)
+    _check_deepspeed_version(s, source)
 
 
 def _check_grad_accum_dtype(s: Scenario, source: Path) -> None:
@@ -47,6 +49,25 @@ def _check_grad_accum_dtype(s: Scenario, source: Path) -> None:
                      + (" with offload_optimizer" if z.offload_optimizer.enabled else "")
                      + f": {NOT_SIMULATED_YET}; allowed: fp32 with bf16 and ZeRO-1 without offload "
                      "(DeepSpeed's BF16_Optimizer), or leave it out")
+
+
+def _check_deepspeed_version(s: Scenario, source: Path) -> None:
+    """`[zero] deepspeed_version = "0.5"` is ZeRO-3's 2021 fetch path
+    (sim.engines.deepspeed_zero3_v05), modelled without what came later or was not part of it."""
+    z = s.zero
+    if z is None or z.deepspeed_version == CURRENT_VERSION:
+        return
+    later = [what for what, used in (
+        (f"ZeRO stage {int(z.stage)}", z.stage != ZeroStage.PARAMETERS),
+        ("offload_optimizer / offload_param", z.offload_optimizer.enabled or z.offload_param.enabled),
+        ("ZeRO++ (zero_quantized_weights, zero_quantized_gradients, zero_hpz_partition_size)",
+         z.zero_quantized_weights or z.zero_quantized_gradients or z.zero_hpz_partition_size > 1),
+        ("[lora]", s.model.lora is not None),
+        ('schedule = "paper"', s.schedule_mode is ScheduleMode.PAPER)) if used]
+    if later:
+        raise InputError(source, "zero.deepspeed_version", f"{z.deepspeed_version!r} with {', '.join(later)}: "
+                         f"{NOT_SIMULATED_YET}; allowed: {CURRENT_VERSION!r}, or {z.deepspeed_version!r} with "
+                         "stage 3 and no offload, ZeRO++ or LoRA")
 
 
 OP_RECOMPUTE_ENGINES = (Engine.DDP, Engine.DDP_ZERO_REDUNDANCY, Engine.FSDP2)

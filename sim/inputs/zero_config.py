@@ -38,6 +38,9 @@ class OffloadConfig:
         return self.device is not OffloadDevice.NONE
 
 
+CURRENT_VERSION, LEGACY_VERSION = "0.19", "0.5"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ZeroConfig:
     """The modelled `zero_optimization` knobs, after DeepSpeed's defaults and validators."""
@@ -65,6 +68,7 @@ class ZeroConfig:
     zero_quantized_nontrainable_weights: bool = False
     zero_quantized_gradients: bool = False
     grad_accum_dtype: str | None = None   # DeepSpeed's data_types.grad_accum_dtype; None: the model's dtype
+    deepspeed_version: str = CURRENT_VERSION   # the release whose ZeRO-3 fetch path runs (LEGACY_VERSION: v0.3.13-v0.5.4)
     offload_optimizer: OffloadConfig = field(default_factory=OffloadConfig)
     offload_param: OffloadConfig = field(default_factory=OffloadConfig)
     aio: AioConfig = field(default_factory=AioConfig)   # DeepSpeed's top-level `aio` (NVMe swaps)
@@ -95,6 +99,7 @@ ZERO_KEYS = (
     Key("zero_quantized_nontrainable_weights", _B, required=False, default=False, not_simulated=True),
     Key("zero_quantized_gradients", _B, required=False, default=False),
     Key("grad_accum_dtype", str, required=False, default=None, choices=("fp32", "bf16", "fp16")),
+    Key("deepspeed_version", str, required=False, default=CURRENT_VERSION, choices=(CURRENT_VERSION, LEGACY_VERSION)),
     Key("offload_optimizer", object, required=False, default=None),
     Key("offload_param", object, required=False, default=None),
 )

@@ -192,6 +192,10 @@ def engine(f: Mapping[str, str], nodes: int, gpn: int, notes: list[str], tp: int
         cpu_checkpointing = bool(zero.pop("cpu_checkpointing", False))
         delayed = bool(zero.pop("delayed_parameter_update", False))
         zero.update(zero_knobs(f.get("other_config", ""), f.get("framework", ""), gpn))
+        if stage == 3 and (year := publication_year(f)) is not None and year <= 2021:
+            zero["deepspeed_version"] = "0.5"
+            notes.append(f"ZeRO-3 of a {year} publication: DeepSpeed's fetch path of that year (v0.3.13-v0.5.4: "
+                         "per-parameter, synchronous gathers)")
         if "bf16optimizer" in zs.replace(" ", "").replace("_", "") and stage == 1:
             zero["grad_accum_dtype"] = "fp32"     # what selects BF16_Optimizer at ZeRO-1 in DeepSpeed
             notes.append("BF16Optimizer: DeepSpeed's BF16_Optimizer (ZeRO-1, fp32 gradient accumulation)")
@@ -370,3 +374,15 @@ def stage_split(f: Mapping[str, str], layers: int, pp: int, notes: list[str]) ->
     notes.append(f"PP partition 'type:transformer|embedding': {ends} blocks on the first and last stages "
                  f"(beside the embeddings), {(layers - 2 * ends) // (pp - 2)} on the others")
     return {"first_stage_layers": ends, "last_stage_layers": ends}
+
+
+def publication_year(f: Mapping[str, str]) -> int | None:
+    """The year of the row's source: a venue tag such as SC21 or a four-digit year in the
+    source or its location; None when neither says. DeepSpeed changed ZeRO-3's fetch path
+    in v0.5.5 (Nov 2021, PR #1188) and v0.6.0 (Jan 2022, PR #1453), so the year tells which
+    one a published ZeRO-3 run used."""
+    text = " ".join(f.get(c, "") for c in ("source", "source_location"))
+    if venue := re.search(r"\b(?:SC|NeurIPS|ICML|ICLR|MLSys|OSDI|ATC|EuroSys|PPoPP|ASPLOS)'?(\d{2})\b", text):
+        return 2000 + int(venue.group(1))
+    years = [int(y) for y in re.findall(r"\b(20[12]\d)\b", text)]
+    return min(years) if years else None

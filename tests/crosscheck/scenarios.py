@@ -75,6 +75,8 @@ STRATEGIES: dict[str, dict] = {
     "fsdp2-pp2": {"fsdp": {"reshard_after_forward": False}, "parallel": {"pp": 2}},
     "fsdp2-tp2-pp2-hsdp": {"fsdp": {"reshard_after_forward": False, "replicate_degree": 2},
                            "parallel": {"tp": 2, "pp": 2, "sequence_parallel": True}},
+    "ds-zero3-v05": {"zero": {"stage": 3, "deepspeed_version": "0.5", "stage3_max_reuse_distance": 0,
+                              "reduce_bucket_size": 2e6, "stage3_prefetch_bucket_size": 0}},
     "ds-zero1-bf16-optimizer": {"zero": {"stage": 1, "grad_accum_dtype": "fp32"}},
     "ds-zero0-pp2-bf16-optimizer": {"zero": {"stage": 0}, "parallel": {"pp": 2}},
     "ds-zero1-pp2-first-1": {"zero": {"stage": 1}, "parallel": {"pp": 2, "first_stage_layers": 1}},

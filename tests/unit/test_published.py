@@ -302,3 +302,13 @@ def test_bigscience_bf16_optimizer_rows_run_deepspeeds_bf16_optimizer():
     plain = row_from_fields({**VP001, "framework": "Megatron-DeepSpeed (BigScience fork)", "zero_stage": "1",
                              "precision": "bf16"})
     assert plain.usable and plain.scenario.bf16_optimizer_bytes == 0
+
+
+def test_zero3_rows_of_2021_papers_run_that_years_deepspeed():
+    sc21 = row_from_fields({**VP001, "source": "Narayanan et al. (SC21)", "framework": "DeepSpeed ZeRO-3 (no TP/PP)",
+                            "zero_stage": "3", "micro_batch": "1"})
+    assert sc21.usable and sc21.scenario.zero.deepspeed_version == "0.5"
+    assert any("v0.3.13-v0.5.4" in a for a in sc21.assumptions)
+    later = row_from_fields({**VP001, "source": "DeepSpeed Azure blog (2022)", "framework": "DeepSpeed ZeRO-3",
+                             "zero_stage": "3", "micro_batch": "1"})
+    assert later.usable and later.scenario.zero.deepspeed_version == "0.19"
