@@ -25,6 +25,7 @@ from published_baseline import default_csvs
 
 from sim.core.errors import InputError
 from sim.inputs.reading import read_text
+from sim.inputs.zero_config import CURRENT_VERSION, LEGACY_VERSION
 from sim.simulate import simulate
 from sim.studies.published import row_from_fields
 
@@ -49,8 +50,11 @@ def fields(base: dict[str, str], gpus: int, micro: int, batch: int, tflops: floa
 
 
 def simulated(scenario, legacy: bool) -> str:
-    if legacy:
-        scenario = replace(scenario, zero=replace(scenario.zero, deepspeed_version="0.5"))
+    """The step as DeepSpeed v0.5 (`legacy`) or the current release runs it (the harness
+    maps 2021 rows to v0.5: both are set here)."""
+    if scenario.zero is not None:
+        version = LEGACY_VERSION if legacy else CURRENT_VERSION
+        scenario = replace(scenario, zero=replace(scenario.zero, deepspeed_version=version))
     try:
         return f"{simulate(scenario).step_time_s:.1f}"
     except InputError as e:

@@ -312,8 +312,9 @@ def fsdp2_volume(s: Scenario) -> dict[str, float]:
 
 def fsdp2_limits(s: Scenario) -> None:
     """FSDP2 is simulated over data-parallel meshes (FSDP, HSDP), with tensor parallelism
-    (torchtitan's 2D) and with pipeline stages as torchtitan composes them (blocks kept
-    gathered: reshard_after_forward false; untied embeddings; no CPU offload). HSDP's
+    (torchtitan's 2D) and with pipeline stages as torchtitan composes them (blocks and root
+    kept gathered: reshard_after_forward false, reshard_root not true; untied embeddings; no
+    CPU offload). HSDP's
     replicate degree divides dp, and an int reshard_after_forward is a non-trivial divisor
     of the shard group (torch: 'a factor of the mesh shard dim size', not 1 nor it)."""
     source = s.path or "scenario"
@@ -324,11 +325,13 @@ def fsdp2_limits(s: Scenario) -> None:
             ("fsdp.reshard_after_forward", "reshard_after_forward other than false (torchtitan's default with "
                                            "pipelines)", f.reshard_after_forward is not False),
             ("fsdp.cpu_offload", "cpu_offload", f.cpu_offload),
+            ("fsdp.reshard_root", "reshard_root = true", f.reshard_root is True),
             ("model.tie_word_embeddings", "tied embeddings", s.model.tied_embeddings)) if present]
         if problems:
             key, what = problems[0]
             raise InputError(source, key, f"pp = {s.parallel.pp} with FSDP2 and {what}: {NOT_SIMULATED_YET}; "
-                             "allowed: pipelines with reshard_after_forward = false, no cpu_offload, untied embeddings")
+                             "allowed: pipelines with reshard_after_forward = false, no cpu_offload, the root kept "
+                             "(reshard_root left out or false), untied embeddings")
     if dp % f.replicate_degree:
         raise InputError(source, "fsdp.replicate_degree", f"{f.replicate_degree} does not divide the data-parallel "
                          f"degree ({dp}); allowed: a divisor of {dp}")

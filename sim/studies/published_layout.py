@@ -192,7 +192,9 @@ def engine(f: Mapping[str, str], nodes: int, gpn: int, notes: list[str], tp: int
         cpu_checkpointing = bool(zero.pop("cpu_checkpointing", False))
         delayed = bool(zero.pop("delayed_parameter_update", False))
         zero.update(zero_knobs(f.get("other_config", ""), f.get("framework", ""), gpn))
-        if stage == 3 and (year := publication_year(f)) is not None and year <= 2021:
+        if (stage == 3 and not zero.get("offload_optimizer") and not zero.get("offload_param")
+                and not any(k.startswith("zero_q") or k == "zero_hpz_partition_size" for k in zero)
+                and (year := publication_year(f)) is not None and year <= 2021):
             zero["deepspeed_version"] = "0.5"
             notes.append(f"ZeRO-3 of a {year} publication: DeepSpeed's fetch path of that year (v0.3.13-v0.5.4: "
                          "per-parameter, synchronous gathers)")
@@ -365,7 +367,12 @@ def stage_split(f: Mapping[str, str], layers: int, pp: int, notes: list[str]) ->
     layers + 2, every stage holds (layers + 2) / pp of them, so the end stages hold one block
     fewer. Any other uneven split is refused, as the scenario check would (`layers` 0: a
     catalog model, split evenly)."""
-    if pp < 2 or not layers or layers % pp == 0 or "transformer|embedding" not in f.get("other_config", "").lower():
+    if pp < 2 or not layers or "transformer|embedding" not in f.get("other_config", "").lower():
+        return {}
+    if layers % pp == 0 and pp >= 3:
+        raise Unusable(f"PP partition 'type:transformer|embedding' of {layers} layers over {pp} stages is uneven "
+                       f"inside the stages ({layers} + 2 units on {pp} stages): not simulated")
+    if layers % pp == 0:
         return {}
     if (layers + 2) % pp:
         raise Unusable(f"PP partition 'type:transformer|embedding' of {layers} layers over {pp} stages is "
@@ -380,9 +387,11 @@ def publication_year(f: Mapping[str, str]) -> int | None:
     """The year of the row's source: a venue tag such as SC21 or a four-digit year in the
     source or its location; None when neither says. DeepSpeed changed ZeRO-3's fetch path
     in v0.5.5 (Nov 2021, PR #1188) and v0.6.0 (Jan 2022, PR #1453), so the year tells which
-    one a published ZeRO-3 run used."""
+    one a published ZeRO-3 run used (the latest year named: a later run citing an older
+    paper is the later run). Offloading or ZeRO++ rows keep the current engine: the 2021
+    path is simulated without them."""
     text = " ".join(f.get(c, "") for c in ("source", "source_location"))
     if venue := re.search(r"\b(?:SC|NeurIPS|ICML|ICLR|MLSys|OSDI|ATC|EuroSys|PPoPP|ASPLOS)'?(\d{2})\b", text):
         return 2000 + int(venue.group(1))
     years = [int(y) for y in re.findall(r"\b(20[12]\d)\b", text)]
-    return min(years) if years else None
+    return max(years) if years else None

@@ -46,6 +46,8 @@ def test_its_buffer_costs_4_bytes_a_parameter_more_than_zero1_holds():
     own = {name: scenario_report(s).resident for name, s in (("zero1", zero1), ("bf16", bf16))}
     assert own["bf16"]["grads"] - own["zero1"]["grads"] == pytest.approx(4 * psi, rel=1e-3)
     assert own["bf16"]["optimizer"] == own["zero1"]["optimizer"]
+    report = scenario_report(bf16)
+    assert report.rows[report.this_stage].optimizer_bytes == own["bf16"]["optimizer"]   # no fp32 partition copy
     assert simulate(bf16).peak_pool().peak > simulate(zero1).peak_pool().peak + 3 * psi
 
 

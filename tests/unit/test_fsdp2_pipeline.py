@@ -66,7 +66,8 @@ def table(**fsdp) -> dict:
 
 @pytest.mark.parametrize(("fsdp", "key"), [({}, "fsdp.reshard_after_forward"),
                                            ({"reshard_after_forward": 2}, "fsdp.reshard_after_forward"),
-                                           ({"reshard_after_forward": False, "cpu_offload": True}, "fsdp.cpu_offload")])
+                                           ({"reshard_after_forward": False, "cpu_offload": True}, "fsdp.cpu_offload"),
+                                           ({"reshard_after_forward": False, "reshard_root": True}, "fsdp.reshard_root")])
 def test_what_torchtitan_does_not_run_is_refused(fsdp, key):
     s = scenario_from_table(table(**fsdp), Path("s.toml"), "s")
     with pytest.raises(InputError) as err:

@@ -293,6 +293,8 @@ def test_deepspeed_transformer_and_embedding_partitions_give_the_end_stages_a_bl
     assert unstated.scenario is None and "does not divide" in unstated.reason
     uneven = row_from_fields({**row, "layers": "21"})
     assert uneven.scenario is None and "uneven inside the stages" in uneven.reason
+    dividing = row_from_fields({**row, "layers": "24"})     # 26 units on 4 stages: 7, 7, 6, 6
+    assert dividing.scenario is None and "uneven inside the stages" in dividing.reason
 
 
 def test_bigscience_bf16_optimizer_rows_run_deepspeeds_bf16_optimizer():
@@ -312,3 +314,6 @@ def test_zero3_rows_of_2021_papers_run_that_years_deepspeed():
     later = row_from_fields({**VP001, "source": "DeepSpeed Azure blog (2022)", "framework": "DeepSpeed ZeRO-3",
                              "zero_stage": "3", "micro_batch": "1"})
     assert later.usable and later.scenario.zero.deepspeed_version == "0.19"
+    offloading = row_from_fields({**VP001, "source": "Rajbhandari et al. (SC21)", "framework": "DeepSpeed ZeRO-3",
+                                  "zero_stage": "3", "micro_batch": "1", "offload": "optimizer to CPU"})
+    assert offloading.scenario is not None and offloading.scenario.zero.deepspeed_version == "0.19"
