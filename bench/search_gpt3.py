@@ -4,7 +4,8 @@
 Prints the wall time (target: under 2 minutes on 2 cores), the ten best layouts, whether
 they keep tensor parallelism inside a node (as every published layout does), and where
 Megatron's published PTD-P layout (TP 8, PP 16, DP 8, micro-batch 1) ranks against the
-best ZeRO-3 layout (SC21 Table 2 measured PTD-P faster). Run:
+best ZeRO-3 layout (SC21 Table 2 measured PTD-P faster), that layout also on the 2021
+DeepSpeed the paper ran (`deepspeed_version = "0.5"`). Run:
 python bench/search_gpt3.py [--top N]. Not a test: about a minute.
 """
 
