@@ -74,6 +74,17 @@ class Stages:
         raise ValueError(f"block {block} beyond the {self.layers} layers")
 
 
+def embedding_balanced_ends(layers: int, pp: int) -> int:
+    """Blocks on each end stage when the embedding and the head count as a block each and
+    the p stages share layers + 2 evenly, (layers + 2) / p - 1 (DeepSpeed's
+    'type:transformer|embedding' partition; Llama 3's 126 layers on 16 stages: 7, 14 x 8, 7);
+    0 when that split is not a whole, uneven one (p < 3, p dividing the layers or not
+    layers + 2, or no block left on the ends)."""
+    if pp < 3 or layers % pp == 0 or (layers + 2) % pp:
+        return 0
+    return (layers + 2) // pp - 1
+
+
 def as_stages(layers: int, pp: int | Stages) -> Stages:
     """`pp` as a split: a plain degree is the even split of `layers` blocks."""
     return pp if isinstance(pp, Stages) else Stages(layers, pp)

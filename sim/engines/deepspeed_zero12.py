@@ -225,12 +225,13 @@ def deepspeed_dp_volume(s: Scenario) -> dict[str, float]:
     if z.zero_quantized_weights or z.zero_quantized_gradients or z.zero_hpz_partition_size > 1:
         return zeropp_dp_volume(s)
     p = s.parallel
+    tensors = rank_tensors(s.model, p.tp, s.stages, 0)
     grads = [n for n, _ in rank_tensors(s.model, p.tp, s.stages, 0, trainable_only=True)] if s.model.lora else None
     if s.bf16_optimizer_bytes:
-        return bf16_optimizer_volume(sum(grads or [n for n, _ in rank_tensors(s.model, p.tp, s.stages, 0)]), p.dp,
+        return bf16_optimizer_volume(sum(grads if grads is not None else (n for n, _ in tensors)), p.dp,
                                      accumulation_bytes=s.bf16_optimizer_bytes,
                                      elem=BYTES_PER_ELEMENT[t.precision.value])
-    return deepspeed_volume(rank_tensors(s.model, p.tp, s.stages, 0), p.dp, int(z.stage), grad_tensors=grads,
+    return deepspeed_volume(tensors, p.dp, int(z.stage), grad_tensors=grads,
                             grad_accum=t.grad_accum, elem=BYTES_PER_ELEMENT[t.precision.value],
                             clipping=t.gradient_clipping > 0, persistence_threshold=z.param_persistence_threshold,
                             multi_rank_allreduce=not (z.reduce_scatter and not z.use_multi_rank_bucket_allreduce),

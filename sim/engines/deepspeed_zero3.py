@@ -42,7 +42,7 @@ from sim.engines.policies import GpuAdam
 from sim.engines.resident import Resident
 from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Schedule, Stream
 from sim.engines.skeleton import Planner
-from sim.engines.uses import B, C, F, Use
+from sim.engines.uses import B, C, F, Use, UseKind
 from sim.engines.zero3_memory import zero3_resident
 from sim.engines.zeropp import ZeroPlusPlus, qgz_reduce
 from sim.inputs.scenario import Scenario
@@ -165,10 +165,7 @@ class Zero3Planner(Planner):
         outstanding: deque[OpRef] = deque()              # fetch events the host has not synced
         inflight: set[str] = set()                       # gathered but not yet waited for
         n_available, queue = 0, 0
-        passes = [u.what for u in trace]
-        for i in range(len(passes) - 2, -1, -1):   # a container marker belongs to the next use's pass
-            if passes[i] is C:
-                passes[i] = passes[i + 1]
+        passes = self.passes_of(trace)
         for pos, use in enumerate(trace):
             key = keys[pos]
             deps: list[OpRef] = []
@@ -207,6 +204,16 @@ class Zero3Planner(Planner):
         for owner in list(available):   # release_and_reset_all at the end of backward
             self._free_after(self.b.last(Stream.COMPUTE), self._key_of(owner))
         self.end_of_backward(ms)
+
+    @staticmethod
+    def passes_of(trace: list[Use]) -> list[UseKind]:
+        """The pass (forward, backward, ...) each use of `trace` belongs to: a container
+        marker belongs to the next use's pass."""
+        passes = [u.what for u in trace]
+        for i in range(len(passes) - 2, -1, -1):
+            if passes[i] is C:
+                passes[i] = passes[i + 1]
+        return passes
 
     def _key_of(self, owner: str) -> Fetch:
         return next(k for k in self.fetch.values() if k.owner == owner)

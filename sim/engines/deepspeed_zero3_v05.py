@@ -52,10 +52,7 @@ class Zero3LegacyPlanner(Zero3Planner):
     def micro_step(self, ms: int) -> None:
         trace = self.with_containers(self.trace(ms))
         keys = [self.fetch.get(u.index) if u.what is not C else None for u in trace]
-        passes = [u.what for u in trace]
-        for i in range(len(passes) - 2, -1, -1):   # a container marker belongs to the next use's pass
-            if passes[i] is C:
-                passes[i] = passes[i + 1]
+        passes = self.passes_of(trace)
         available: set[str] = set()
         for pos, use in enumerate(trace):
             key = keys[pos]

@@ -90,7 +90,7 @@ class Fsdp2Planner(Planner):
         """Does this pipeline stage hold `mod`? Its blocks; the embedding on the first stage,
         the final norm and head on the last (sim.engines.skeleton `_on_this_stage`)."""
         if mod.block is not None:
-            return any(g.block == mod.block for g in self.granules)
+            return self.split.stage_of(mod.block) == self.stage_index
         return self.stage_index == (0 if mod.kind == "embedding" else self.layout.pp - 1)
 
     def hook_calls(self, use: Use) -> int:

@@ -24,6 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from sim.analytic.stages import embedding_balanced_ends
 from sim.core.specs import ClusterSpec
 from sim.inputs.catalog import resolve
 from sim.inputs.hardware import load_cluster
@@ -365,19 +366,16 @@ def stage_split(f: Mapping[str, str], layers: int, pp: int, notes: list[str]) ->
     row names it; BLOOM's Megatron-DeepSpeed runs) balances the blocks and the two embedding
     layers together (deepspeed/runtime/pipe/module.py `_partition_layers`): with pp dividing
     layers + 2, every stage holds (layers + 2) / pp of them, so the end stages hold one block
-    fewer. Any other uneven split is refused, as the scenario check would (`layers` 0: a
+    fewer (sim.analytic.stages.embedding_balanced_ends). Any other uneven split is refused, as the scenario check would (`layers` 0: a
     catalog model, split evenly)."""
     if pp < 2 or not layers or "transformer|embedding" not in f.get("other_config", "").lower():
         return {}
-    if layers % pp == 0 and pp >= 3:
+    if pp == 2 and layers % 2 == 0:      # each stage one embedding layer and half the blocks: even
+        return {}
+    ends = embedding_balanced_ends(layers, pp)
+    if not ends:
         raise Unusable(f"PP partition 'type:transformer|embedding' of {layers} layers over {pp} stages is uneven "
                        f"inside the stages ({layers} + 2 units on {pp} stages): not simulated")
-    if layers % pp == 0:
-        return {}
-    if (layers + 2) % pp:
-        raise Unusable(f"PP partition 'type:transformer|embedding' of {layers} layers over {pp} stages is "
-                       f"uneven inside the stages (pp does not divide {layers} + 2): not simulated")
-    ends = (layers + 2) // pp - 1
     notes.append(f"PP partition 'type:transformer|embedding': {ends} blocks on the first and last stages "
                  f"(beside the embeddings), {(layers - 2 * ends) // (pp - 2)} on the others")
     return {"first_stage_layers": ends, "last_stage_layers": ends}

@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 
 from sim.analytic import opcost
+from sim.analytic.stages import embedding_balanced_ends
 from sim.analytic.volumes import tensor_parallel_volume
 from sim.core.enums import Axis, Recompute
 from sim.core.errors import InputError, one_line
@@ -91,8 +92,7 @@ def pipeline_splits(layers: int, limit: int) -> list[tuple[int, int]]:
     counted as a block each on the end stages (DeepSpeed's 'type:transformer|embedding'
     partition; Llama 3's 126 layers on 16 stages, 7 on each end, 8 on the others)."""
     even = [(p, 0) for p in divisors(layers, limit)]
-    balanced = [(p, (layers + 2) // p - 1) for p in range(3, min(layers, limit) + 1)
-                if layers % p and (layers + 2) % p == 0 and (layers + 2) // p > 1]
+    balanced = [(p, ends) for p in range(3, min(layers, limit) + 1) if (ends := embedding_balanced_ends(layers, p))]
     return sorted(even + balanced)
 
 
