@@ -4,9 +4,9 @@
 Prints the wall time (target: under 2 minutes on 2 cores), the ten best layouts, whether
 they keep tensor parallelism inside a node (as every published layout does), and where
 Megatron's published PTD-P layout (TP 8, PP 16, DP 8, micro-batch 1) ranks against the
-best ZeRO-3 layout (SC21 Table 2 measured PTD-P faster), that layout also on the 2021
-DeepSpeed the paper ran (`deepspeed_version = "0.5"`). Run:
-python bench/search_gpt3.py [--top N]. Not a test: about a minute.
+best ZeRO-3 layout (SC21 Table 2 measured PTD-P faster), searched on today's DeepSpeed and
+on the 2021 DeepSpeed the paper ran (`zerosim search --deepspeed-version 0.5`). Run:
+python bench/search_gpt3.py [--top N]. Not a test: about two minutes.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import argparse
 import time
 from pathlib import Path
 
-from sim.inputs.load import load_scenario, scenario_from_table
-from sim.inputs.reading import read_toml
-from sim.inputs.zero_config import LEGACY_VERSION
+from sim.inputs.load import load_scenario
+from sim.inputs.zero_config import CURRENT_VERSION, LEGACY_VERSION
 from sim.simulate import simulate
 from sim.studies.search import search
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b_ptd-p_dgx-a100-80gx128.toml"
+RELEASES = {CURRENT_VERSION: "today's engine", LEGACY_VERSION: "v0.3.13-v0.5.4, the 2021 engine SC21 measured"}
 COLUMNS = ["rank", "strategy", "tp", "pp", "virtual_stages", "dp", "micro_batch", "recompute", "step_time_s", "mfu",
            "bound_s"]
 
@@ -44,24 +44,15 @@ def main() -> None:
     zero3 = ranked[ranked["strategy"].str.startswith("deepspeed z3")]
     z3_pruned = rejected[rejected["strategy"].str.startswith("deepspeed z3")
                          & rejected["reason"].str.startswith("pruned")]
-    z3_full, _ = search(SCENARIO, top=1, max_simulations=16, strategies=("deepspeed z3", "deepspeed z3+offload"),
-                        recompute=("full",))
-    if z3_full.empty:
-        print("no ZeRO-3 layout with full recomputation fits")
-    else:
-        best = z3_full.iloc[0]
-        print(f"best ZeRO-3 with full recomputation (as SC21 Table 2 ran both): tp {best['tp']} dp {best['dp']} "
-              f"micro {best['micro_batch']}: {best['step_time_s']:.2f} s; PTD-P as published ranks above it: "
-              f"{ptdp_s < best['step_time_s']}")
-        raw = read_toml(SCENARIO)
-        table = {k: v for k, v in raw.items() if k not in ("engine", "megatron")}
-        table["parallel"] = {"tp": int(best["tp"]), "pp": 1}
-        table["training"] = {**raw["training"], "micro_batch": int(best["micro_batch"])}
-        table["zero"] = {"stage": 3, "deepspeed_version": LEGACY_VERSION}
-        then = scenario_from_table(table, SCENARIO, "gpt3-175b-zero3-v0.5")
-        old_s = simulate(then).step_time_s
-        print(f"the same ZeRO-3 layout as DeepSpeed ran in 2021 (v0.5, the paper's): {old_s:.2f} s; PTD-P ranks "
-              f"above it: {ptdp_s < old_s}")
+    for version in (CURRENT_VERSION, LEGACY_VERSION):
+        z3, _ = search(SCENARIO, top=1, max_simulations=64, strategies=("deepspeed z3",), deepspeed_version=version)
+        if z3.empty:
+            print(f"DeepSpeed {version}: no ZeRO-3 layout fits")
+            continue
+        best = z3.iloc[0]
+        print(f"best ZeRO-3 layout on DeepSpeed {version} ({RELEASES[version]}): tp {best['tp']} dp {best['dp']} "
+              f"micro {best['micro_batch']} recompute {best['recompute']}: {best['step_time_s']:.2f} s; "
+              f"PTD-P as published ranks above every ZeRO-3 layout: {ptdp_s < best['step_time_s']}")
     print(f"ZeRO-3 layouts in the full ranking: {len(zero3)} (best rank "
           f"{int(zero3['rank'].min()) if len(zero3) else '-'}); pruned by their bound: {len(z3_pruned)}")
 

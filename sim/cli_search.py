@@ -14,7 +14,8 @@ from typing import Any
 import pandas as pd
 
 from sim.cli_checks import CLI, check_int, check_output_path, comma_choices, scenario_path, strict_json, written
-from sim.studies.search import RECOMPUTE, STRATEGIES, search
+from sim.inputs.zero_config import CURRENT_VERSION, LEGACY_VERSION
+from sim.studies.search import DEEPSPEED_VERSIONS, RECOMPUTE, STRATEGIES, search
 
 SHOWN = ("rank", "strategy", "tp", "pp", "virtual_stages", "end_stage_layers", "dp", "micro_batch", "recompute", "step_time_s", "tokens_per_s", "mfu",
          "peak_bytes", "exposed_comm_s", "bubble_s", "bound")
@@ -29,6 +30,10 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated engines to consider (default all: {', '.join(STRATEGIES)})")
     p.add_argument("--recompute", default=",".join(RECOMPUTE),
                    help="comma-separated recomputation settings to consider (default: none, selective, full)")
+    p.add_argument("--deepspeed-version", choices=DEEPSPEED_VERSIONS,
+                   help="the DeepSpeed release whose ZeRO-3 the 'deepspeed z3' layouts run (default: the scenario's "
+                        f"[zero] deepspeed_version, else {CURRENT_VERSION}); {LEGACY_VERSION}: the 2021 engine "
+                        "(v0.3.13-v0.5.4) SC21 measured")
     p.add_argument("--json", action="store_true", help="print the ranked and rejected layouts as one JSON object")
     p.add_argument("--csv", metavar="OUT.csv", help="write every candidate, ranked then rejected")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -42,7 +47,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     csv = check_output_path(args.csv, "--csv", ("csv",)) if args.csv else None
     progress = None if args.quiet else (lambda line: print(f"zerosim search: {line}", file=sys.stderr, flush=True))
     ranked, rejected = search(scenario_path(args.scenario), top=top, max_simulations=budget,
-                              strategies=strategies, recompute=recompute, progress=progress)
+                              strategies=strategies, recompute=recompute, progress=progress,
+                              deepspeed_version=args.deepspeed_version)
     if csv:
         both = pd.concat([ranked.assign(reason=""), rejected], ignore_index=True)
         written(csv, "--csv", lambda p: both.to_csv(p, index=False))

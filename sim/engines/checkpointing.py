@@ -158,7 +158,7 @@ class Checkpointing:
     def restore_checkpoint(self, use: Use) -> None:
         """Before a segment is recomputed (deepspeed/runtime/activation_checkpointing/
         checkpointing.py `CheckpointFunction.backward`): the checkpoint comes back from the
-        host (`cpu_checkpointing`, a blocking H2D copy) and its partitions are all-gathered
+        host (`cpu_checkpointing`, a blocking H2D copy from the pageable tensor `.to("cpu")` made) and its partitions are all-gathered
         over the TP group (`partition_activations`), both on the compute stream."""
         block = self.granules[use.index].block
         if self.t.contiguous_checkpoints and not self.t.cpu_checkpointing and self.unused_contiguous_bytes \
@@ -168,7 +168,7 @@ class Checkpointing:
                                      self.unused_contiguous_bytes),))
         if self.t.cpu_checkpointing:
             self.copy(Stream.H2D, self.checkpoint_bytes, f"checkpoint of block {block} from the host", Phase.BWD,
-                      use.micro_step, stream=Stream.COMPUTE, layer=block)
+                      use.micro_step, stream=Stream.COMPUTE, layer=block, pageable=True)
         if self.s.partitioned_checkpoints:
             self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.checkpoint_bytes * self.s.parallel.tp,
                             "all-gather partitioned checkpoint", Phase.BWD, use.micro_step, axis=Axis.TP,

@@ -46,10 +46,11 @@ from sim.engines.uses import B, C, F, Use, UseKind
 from sim.engines.zero3_memory import zero3_resident
 from sim.engines.zeropp import ZeroPlusPlus, qgz_reduce
 from sim.inputs.scenario import Scenario
-from sim.inputs.zero_config import CURRENT_VERSION
+from sim.inputs.zero_config import BLOCKING_OFFLOAD_VERSION, CURRENT_VERSION
 
 MAX_ONGOING_FETCHES = 2     # partitioned_param_coordinator.py __max_ongoing_fetch_events
 MAX_REDUCE_EVENTS = 2       # stage3.py max_param_reduce_events
+FP32_BYTES = 4.0            # the host's gradient partition is fp32 (master_weights_and_grads_dtype)
 
 
 class Fetch(NamedTuple):
@@ -333,13 +334,31 @@ class Zero3Planner(Planner):
         if len(self.reductions) > MAX_REDUCE_EVENTS:
             self.b.host_sync(self.reductions.popleft())
         if self.z.offload_optimizer.enabled and ms == self.boundary and self.cpu_share > 0:
-            down = self.copy(Stream.D2H, self.cpu_share * self.h * padded / self.dp, "D2H gradient partition",
-                             Phase.BWD, ms, stream=Stream.REDUCE, deps=[rs], layer=layer,
-                             pageable=not self.z.offload_optimizer.pin_memory)
+            down = self._gradients_to_host(rs, ms, layer, padded)
             if self.z.offload_optimizer.device is OffloadDevice.NVME:   # the fp32 gradients swapped out
                 down = self.copy(Stream.NVME_WRITE, self.cpu_share * 4.0 * padded / self.dp,
                                  "NVMe swap-out of fp32 gradients", Phase.BWD, ms, deps=[down], layer=layer)
             self.offload_copies.append(down)
+
+    def _gradients_to_host(self, rs: OpRef | None, ms: int, layer: int | None, padded: float) -> OpRef:
+        """At the accumulation boundary each reduced gradient partition goes to the host's fp32
+        gradient (stage3.py `partition_grads`, on the reduce stream). Since v0.19.5 (PR #8207):
+        cast to fp32 on the GPU, then a non-blocking copy of 4 B per element into the
+        (pinned unless `pin_memory = false`) fp32 buffer. From v0.6.0 to v0.19.4:
+        `fp32_grad_tensor.copy_(grad_buffer)`, a blocking copy across devices and dtypes,
+        which torch makes a D2H of the 16-bit values into a fresh pageable tensor, then a
+        cast on the CPU (aten copy_kernel_cuda); the host waits for it, so it cannot run
+        ahead of the backward during the boundary micro-step. Not simulated: the GPU cast
+        kernel (6 B per element on the reduce stream) and the CPU cast."""
+        elements = self.cpu_share * padded / self.dp
+        nvme = self.z.offload_optimizer.device is OffloadDevice.NVME   # swapped out from GPU fp32 tensors
+        if self.z.deepspeed_version == BLOCKING_OFFLOAD_VERSION and not nvme:
+            down = self.copy(Stream.D2H, self.h * elements, "D2H gradient partition (blocking, pageable)", Phase.BWD,
+                             ms, stream=Stream.REDUCE, deps=[rs], layer=layer, pageable=True)
+            self.b.host_sync(down)
+            return down
+        return self.copy(Stream.D2H, FP32_BYTES * elements, "D2H gradient partition (fp32)", Phase.BWD, ms,
+                         stream=Stream.REDUCE, deps=[rs], layer=layer, pageable=not self.z.offload_optimizer.pin_memory)
 
     def end_of_backward(self, ms: int) -> None:
         if self.bucket.flush():
@@ -413,6 +432,7 @@ class Zero3Planner(Planner):
 DEEPSPEED_ZERO3 = EngineModel(
     name="deepspeed-zero3", summary="DeepSpeed ZeRO-3 (stage3.py, partitioned_param_coordinator.py)",
     applies=lambda s: (s.schedule_mode is ScheduleMode.IMPLEMENTED and s.zero is not None
-                       and s.zero.stage == ZeroStage.PARAMETERS and s.zero.deepspeed_version == CURRENT_VERSION),
+                       and s.zero.stage == ZeroStage.PARAMETERS
+                       and s.zero.deepspeed_version in (CURRENT_VERSION, BLOCKING_OFFLOAD_VERSION)),
     planner=Zero3Planner, resident=zero3_resident, volume=deepspeed_dp_volume,
     check=no_partitioned_gradients_with_pipelines)

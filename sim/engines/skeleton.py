@@ -240,7 +240,7 @@ class Planner(Checkpointing):
                 self.partition_checkpoint(use)
             if first_of_block and self.starts_segment(g.block) and self.t.cpu_checkpointing:
                 self.copy(Stream.D2H, self.checkpoint_bytes, f"checkpoint of block {g.block} to the host", Phase.FWD,
-                          use.micro_step, stream=Stream.COMPUTE, layer=layer)
+                          use.micro_step, stream=Stream.COMPUTE, layer=layer, pageable=True)
             if first_of_block:
                 alloc = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.kept_bytes(g.block)),)
             elif head:

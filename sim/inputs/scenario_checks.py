@@ -15,7 +15,7 @@ from sim.core.errors import InputError
 from sim.core.model import Position
 from sim.inputs.scenario import Scenario
 from sim.inputs.schema import NOT_SIMULATED_YET
-from sim.inputs.zero_config import CURRENT_VERSION
+from sim.inputs.zero_config import BLOCKING_OFFLOAD_VERSION, CURRENT_VERSION
 
 
 def check_scenario(s: Scenario, source: Path) -> None:
@@ -52,10 +52,18 @@ def _check_grad_accum_dtype(s: Scenario, source: Path) -> None:
 
 
 def _check_deepspeed_version(s: Scenario, source: Path) -> None:
-    """`[zero] deepspeed_version = "0.5"` is ZeRO-3's 2021 fetch path
-    (sim.engines.deepspeed_zero3_v05), modelled without what came later or was not part of it."""
+    """`[zero] deepspeed_version` names a release's ZeRO-3: "0.6" differs from today's only in
+    how the gradients go to the host under `offload_optimizer` (sim.engines.deepspeed_zero3);
+    "0.5" is the 2021 fetch path (sim.engines.deepspeed_zero3_v05), modelled without what
+    came later or was not part of it. ZeRO-1/2 of older releases are not simulated."""
     z = s.zero
     if z is None or z.deepspeed_version == CURRENT_VERSION:
+        return
+    if z.deepspeed_version == BLOCKING_OFFLOAD_VERSION and z.stage != ZeroStage.PARAMETERS:
+        raise InputError(source, "zero.deepspeed_version", f"{z.deepspeed_version!r} with ZeRO stage {int(z.stage)}: "
+                         f"{NOT_SIMULATED_YET} (older releases are simulated for ZeRO-3 only); allowed: "
+                         f"{CURRENT_VERSION!r}, or stage 3")
+    if z.deepspeed_version == BLOCKING_OFFLOAD_VERSION:
         return
     later = [what for what, used in (
         (f"ZeRO stage {int(z.stage)}", z.stage != ZeroStage.PARAMETERS),

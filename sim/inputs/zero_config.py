@@ -3,7 +3,7 @@
 Keys, aliases and defaults follow deepspeed/runtime/zero/config.py and offload_config.py
 (DeepSpeed 0.19, commit edaa722); where the docs disagree with the code we take the code:
 `overlap_comm` defaults to True only for stage 3 (docs: false), `stage3_prefetch_bucket_size`
-is 5e7 (docs: 5e8), `pin_memory` is True. Sizes are element counts. As in DeepSpeed
+is 5e7 (docs: 5e8), `pin_memory` is True (False before v0.19.5). Sizes are element counts. As in DeepSpeed
 (pydantic, extra="forbid"), unknown keys are errors.
 """
 
@@ -38,7 +38,14 @@ class OffloadConfig:
         return self.device is not OffloadDevice.NONE
 
 
-CURRENT_VERSION, LEGACY_VERSION = "0.19", "0.5"
+# The DeepSpeed releases whose ZeRO-3 is simulated (`[zero] deepspeed_version`):
+# "0.19": v0.19.5 and later (0.19.8 read): the gradient partitions go to the host with a
+#   non-blocking copy into pinned memory (PR #8207), `pin_memory` defaults to true;
+# "0.6": v0.6.0-v0.19.4 (2022-03 to 2026-08): the same coalesced fetch path, but each
+#   gradient partition goes down with a blocking `copy_` and `pin_memory` defaults to false;
+# "0.5": v0.3.13-v0.5.4 (2021): per-parameter synchronous gathers (sim.engines.deepspeed_zero3_v05).
+CURRENT_VERSION, BLOCKING_OFFLOAD_VERSION, LEGACY_VERSION = "0.19", "0.6", "0.5"
+DEEPSPEED_VERSIONS = (CURRENT_VERSION, BLOCKING_OFFLOAD_VERSION, LEGACY_VERSION)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,7 +75,7 @@ class ZeroConfig:
     zero_quantized_nontrainable_weights: bool = False
     zero_quantized_gradients: bool = False
     grad_accum_dtype: str | None = None   # DeepSpeed's data_types.grad_accum_dtype; None: the model's dtype
-    deepspeed_version: str = CURRENT_VERSION   # the release whose ZeRO-3 fetch path runs (LEGACY_VERSION: v0.3.13-v0.5.4)
+    deepspeed_version: str = CURRENT_VERSION   # the release whose ZeRO-3 runs (DEEPSPEED_VERSIONS above)
     offload_optimizer: OffloadConfig = field(default_factory=OffloadConfig)
     offload_param: OffloadConfig = field(default_factory=OffloadConfig)
     aio: AioConfig = field(default_factory=AioConfig)   # DeepSpeed's top-level `aio` (NVMe swaps)
@@ -99,7 +106,7 @@ ZERO_KEYS = (
     Key("zero_quantized_nontrainable_weights", _B, required=False, default=False, not_simulated=True),
     Key("zero_quantized_gradients", _B, required=False, default=False),
     Key("grad_accum_dtype", str, required=False, default=None, choices=("fp32", "bf16", "fp16")),
-    Key("deepspeed_version", str, required=False, default=CURRENT_VERSION, choices=(CURRENT_VERSION, LEGACY_VERSION)),
+    Key("deepspeed_version", str, required=False, default=CURRENT_VERSION, choices=DEEPSPEED_VERSIONS),
     Key("offload_optimizer", object, required=False, default=None),
     Key("offload_param", object, required=False, default=None),
 )
@@ -124,7 +131,7 @@ HF_AUTO = {"reduce_bucket_size": lambda h: h * h, "prefetch_bucket_size": lambda
            "param_persistence_threshold": lambda h: 10 * h}
 OFFLOAD_KEYS = (
     Key("device", str, required=False, default="none", choices=tuple(OffloadDevice)),
-    Key("pin_memory", _B, required=False, default=True),
+    Key("pin_memory", _B, required=False, default=None),     # None: the release's default
     Key("nvme_path", str, required=False, default=None),
     Key("buffer_count", _I, required=False, default=None, positive=True),
     Key("buffer_size", _I, required=False, default=100_000_000, positive=True),
@@ -153,8 +160,9 @@ def zero_from_dict(raw: Mapping[str, Any], source: str | Path, prefix: str, *,
     stage = ZeroStage(v.pop("stage"))
     if v["overlap_comm"] is None:  # validator overlap_comm_valid
         v["overlap_comm"] = stage == ZeroStage.PARAMETERS
-    opt = _offload(v.pop("offload_optimizer"), source, prefix + "offload_optimizer", optimizer=True)
-    par = _offload(v.pop("offload_param"), source, prefix + "offload_param", optimizer=False)
+    version = v["deepspeed_version"]
+    opt = _offload(v.pop("offload_optimizer"), source, prefix + "offload_optimizer", optimizer=True, version=version)
+    par = _offload(v.pop("offload_param"), source, prefix + "offload_param", optimizer=False, version=version)
     _check_stage_features(stage, v, opt, par, source, prefix)
     return ZeroConfig(stage=stage, offload_optimizer=opt, offload_param=par, **v)
 
@@ -188,8 +196,10 @@ def _normalise(raw: Mapping[str, Any], source: str | Path, prefix: str, hidden: 
     return table
 
 
-def _offload(raw: Any, source: str | Path, dotted: str, *, optimizer: bool) -> OffloadConfig:
-    """A string ('cpu') or a DeepSpeed offload table ({device = 'cpu', pin_memory = true})."""
+def _offload(raw: Any, source: str | Path, dotted: str, *, optimizer: bool, version: str) -> OffloadConfig:
+    """A string ('cpu') or a DeepSpeed offload table ({device = 'cpu', pin_memory = true});
+    `pin_memory` left out is the release's default: true since v0.19.5 (PR #8207), false
+    before (offload_constants.py `OFFLOAD_OPTIMIZER_PIN_MEMORY_DEFAULT`)."""
     if raw is None:
         return OffloadConfig()
     if isinstance(raw, str):
@@ -200,7 +210,8 @@ def _offload(raw: Any, source: str | Path, dotted: str, *, optimizer: bool) -> O
     if device is OffloadDevice.NVME and not v["nvme_path"]:   # offload_config.py's validator
         raise InputError(source, dotted + ".nvme_path", "missing: device 'nvme' needs the path of the NVMe mount")
     default_count = 4 if optimizer else 5
-    return OffloadConfig(device=device, pin_memory=v["pin_memory"], ratio=v.get("ratio", 1.0),
+    pinned = v["pin_memory"] if v["pin_memory"] is not None else version == CURRENT_VERSION
+    return OffloadConfig(device=device, pin_memory=pinned, ratio=v.get("ratio", 1.0),
                          buffer_count=v["buffer_count"] if v["buffer_count"] is not None else default_count,
                          nvme_path=v["nvme_path"], buffer_size=v.get("buffer_size", 100_000_000),
                          pipeline_read=v.get("pipeline_read", False), pipeline_write=v.get("pipeline_write", False))

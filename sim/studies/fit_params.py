@@ -4,7 +4,8 @@ cluster's network, or of the host software, each one key of a hardware file.
 Rules (issue 9, design.md "calibrated constants"): one value per hardware property, never
 per row; every parameter has bounds that keep it physical (the sources in the comments); a
 parameter is fitted only when some row of the fit depends on it. A GPU parameter is shared
-by the files of the same chip (A100 40 GB and 80 GB have the same SMs and kernels); host
+by the files of the same chip (A100 40 GB and 80 GB have the same SMs and kernels); a
+node's network efficiency and CPU-Adam rate are its cluster file's; host
 software costs (kernel launch, ZeRO-3 and FSDP2 hook pairs, ZeRO-3 per-rank slicing) are one value for every
 cluster file, because they are the framework's CPU path, not the node's wiring.
 """
@@ -53,6 +54,8 @@ class Param:
             return uses.get(self.key, True)
         if self.key.startswith("inter_node."):
             return c.name == self.scope and s.nodes > 1
+        if self.key == "host.cpu_adam_params_per_s":
+            return c.name == self.scope and steps_on_the_cpu(s)
         if self.key == "attention_efficiency" and s.compute.attention is not AttentionImpl.FLASH:
             return False
         return chip(c.node.gpu) == self.scope
@@ -62,6 +65,13 @@ class Param:
 
     def with_value(self, c: ClusterSpec, v: float) -> ClusterSpec:
         return SETTERS[self.key](c, v)
+
+
+def steps_on_the_cpu(s: Scenario) -> bool:
+    """Whether the scenario's optimizer runs on the host's cores (DeepSpeed's CPU-Adam under
+    `offload_optimizer`, or torch's Adam under FSDP2's CPU offload)."""
+    return bool((s.zero is not None and s.zero.offload_optimizer.enabled and s.zero.offload_optimizer.ratio > 0)
+                or (s.fsdp is not None and s.fsdp.cpu_offload))
 
 
 def _gpu(c: ClusterSpec, **kw: Any) -> ClusterSpec:
@@ -87,6 +97,7 @@ GETTERS: dict[str, Callable[[ClusterSpec], float]] = {
     "kernel_overhead_us": lambda c: c.node.gpu.kernel_overhead / US,
     "comm_interference": lambda c: c.node.gpu.comm_interference,
     "inter_node.efficiency": lambda c: c.inter_node.efficiency,
+    "host.cpu_adam_params_per_s": lambda c: c.node.host.cpu_adam_params_per_s,
     "host.launch_us": lambda c: c.node.host.launch / US,
     "host.zero3_hook_us": lambda c: c.node.host.zero3_hook / US,
     "host.fsdp2_hook_us": lambda c: c.node.host.fsdp2_hook / US,
@@ -99,6 +110,7 @@ SETTERS: dict[str, Callable[[ClusterSpec, float], ClusterSpec]] = {
     "kernel_overhead_us": lambda c, v: _gpu(c, kernel_overhead=v * US),
     "comm_interference": lambda c, v: _gpu(c, comm_interference=v),
     "inter_node.efficiency": lambda c, v: replace(c, inter_node=replace(c.inter_node, efficiency=v)),
+    "host.cpu_adam_params_per_s": lambda c, v: _host(c, cpu_adam_params_per_s=v),
     "host.launch_us": lambda c, v: _host(c, launch=v * US),
     "host.zero3_hook_us": lambda c, v: _host(c, zero3_hook=v * US),
     "host.fsdp2_hook_us": lambda c, v: _host(c, fsdp2_hook=v * US),
@@ -118,6 +130,9 @@ GPU_BOUNDS = {
 CLUSTER_BOUNDS = {
     "inter_node.efficiency": (0.7, 0.98, "nccl-tests inter-node busbw: 0.75-0.86 of HDR line rate at 2-16 nodes, "
                                          "0.976 on EDR (NVIDIA/nccl-tests#29, #175)"),
+    "host.cpu_adam_params_per_s": (1.0e9, 1.0e10, "DeepSpeedCPUAdam per node: 1.8 G params/s in the field "
+                                                  "(DeepSpeed#6834); memory-bound near 0.65 x STREAM / 30 B per "
+                                                  "parameter, 9-12 G/s on 400-600 GB/s hosts (reference 5)"),
 }
 HOST_BOUNDS = {
     "host.launch_us": (2.0, 30.0, "PyTorch dispatch + cudaLaunchKernel 5-20 us (HTA docs)"),
@@ -207,8 +222,7 @@ def files_of(p: Param, catalog: Path) -> list[Path]:
     out = []
     for f in sorted(catalog.glob("*.toml")):
         cluster = load_cluster(f)
-        if (p.scope == "host" and cluster.node.gpu.sm_count) or (p.key.startswith("inter_node.") and
-                                                                 cluster.name == p.scope):
+        if (p.scope == "host" and cluster.node.gpu.sm_count) or (p.key in CLUSTER_BOUNDS and cluster.name == p.scope):
             out.append(f)
     return out
 

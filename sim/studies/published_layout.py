@@ -193,12 +193,7 @@ def engine(f: Mapping[str, str], nodes: int, gpn: int, notes: list[str], tp: int
         cpu_checkpointing = bool(zero.pop("cpu_checkpointing", False))
         delayed = bool(zero.pop("delayed_parameter_update", False))
         zero.update(zero_knobs(f.get("other_config", ""), f.get("framework", ""), gpn))
-        if (stage == 3 and not zero.get("offload_optimizer") and not zero.get("offload_param")
-                and not any(k.startswith("zero_q") or k == "zero_hpz_partition_size" for k in zero)
-                and (year := publication_year(f)) is not None and year <= 2021):
-            zero["deepspeed_version"] = "0.5"
-            notes.append(f"ZeRO-3 of a {year} publication: DeepSpeed's fetch path of that year (v0.3.13-v0.5.4: "
-                         "per-parameter, synchronous gathers)")
+        zero.update(release_of(f, zero, notes))
         if "bf16optimizer" in zs.replace(" ", "").replace("_", "") and stage == 1:
             zero["grad_accum_dtype"] = "fp32"     # what selects BF16_Optimizer at ZeRO-1 in DeepSpeed
             notes.append("BF16Optimizer: DeepSpeed's BF16_Optimizer (ZeRO-1, fp32 gradient accumulation)")
@@ -379,6 +374,27 @@ def stage_split(f: Mapping[str, str], layers: int, pp: int, notes: list[str]) ->
     notes.append(f"PP partition 'type:transformer|embedding': {ends} blocks on the first and last stages "
                  f"(beside the embeddings), {(layers - 2 * ends) // (pp - 2)} on the others")
     return {"first_stage_layers": ends, "last_stage_layers": ends}
+
+
+def release_of(f: Mapping[str, str], zero: Mapping[str, Any], notes: list[str]) -> dict[str, str]:
+    """`deepspeed_version` for a ZeRO-3 row, from its publication year (sim.inputs.zero_config):
+    up to 2021 the 2021 fetch path ("0.5") unless it offloads or uses ZeRO++ (not simulated
+    on that path: such rows keep today's); 2022 to 2025 the releases v0.6.0-v0.19.4 ("0.6":
+    blocking gradient copies to the host, `pin_memory` off unless the row says); later, or
+    with no year, today's."""
+    year = publication_year(f)
+    if zero.get("stage") != 3 or year is None or year >= 2026:
+        return {}
+    if year >= 2022:
+        notes.append(f"ZeRO-3 of a {year} publication: DeepSpeed v0.6.0-v0.19.4 (blocking gradient copies to "
+                     "the host with offload)")
+        return {"deepspeed_version": "0.6"}
+    if zero.get("offload_optimizer") or zero.get("offload_param") or any(
+            k.startswith("zero_q") or k == "zero_hpz_partition_size" for k in zero):
+        return {}
+    notes.append(f"ZeRO-3 of a {year} publication: DeepSpeed's fetch path of that year (v0.3.13-v0.5.4: "
+                 "per-parameter, synchronous gathers)")
+    return {"deepspeed_version": "0.5"}
 
 
 def publication_year(f: Mapping[str, str]) -> int | None:

@@ -46,6 +46,7 @@ from sim.engines.workload import EMBEDDINGS, Shape, units
 from sim.inputs.load import hardware_of, scenario_from_table
 from sim.inputs.reading import parse_toml, read_text
 from sim.inputs.scenario import Scenario
+from sim.inputs.zero_config import CURRENT_VERSION, LEGACY_VERSION
 from sim.results.memory_report import scenario_report
 from sim.simulate import simulate
 from sim.studies.sweep import FIELDS, MEMORY_FIELDS, TIME_FIELDS, describe
@@ -66,6 +67,7 @@ STRATEGIES: dict[str, dict[str, Any]] = {   # label: the scenario keys that choo
     "fsdp2": {"fsdp": {}},
     "fsdp2 hsdp": {"fsdp": {"replicate_degree": "nodes"}},   # shard inside a node, replicate across nodes
 }
+DEEPSPEED_VERSIONS = (CURRENT_VERSION, LEGACY_VERSION)
 PIPELINE_ENGINES = ("megatron", "deepspeed z1", "fsdp2")   # DeepSpeed refuses ZeRO-2/3 with pipelines
 TENSOR_ENGINES = ("megatron", "deepspeed z1", "deepspeed z2", "deepspeed z3", "deepspeed z3+offload", "fsdp2",
                   "fsdp2 hsdp")
@@ -130,8 +132,9 @@ def candidates(m: ModelSpec, world: int, gpn: int, batch: int,
     return out
 
 
-def table_of(raw: Mapping[str, Any], keys: Mapping[str, Any]) -> dict[str, Any]:
-    """The base scenario table with the candidate's layout and engine."""
+def table_of(raw: Mapping[str, Any], keys: Mapping[str, Any], deepspeed_version: str | None = None) -> dict[str, Any]:
+    """The base scenario table with the candidate's layout and engine; ZeRO-3 as DeepSpeed
+    release `deepspeed_version` runs it (`[zero] deepspeed_version`)."""
     table = {k: v for k, v in raw.items() if k not in ENGINE_KEYS}
     parallel = {k: v for k, v in dict(raw.get("parallel") or {}).items()
                 if k not in ("tp", "pp", "dp", "virtual_stages", "first_stage_layers", "last_stage_layers")}
@@ -155,6 +158,8 @@ def table_of(raw: Mapping[str, Any], keys: Mapping[str, Any]) -> dict[str, Any]:
         engine = {"fsdp": {"replicate_degree": raw.get("nodes", 1)}}
     if keys["strategy"] == "fsdp2" and keys["pp"] > 1:
         engine = {"fsdp": {"reshard_after_forward": False}}   # torchtitan's default with pipelines
+    if keys["strategy"].startswith("deepspeed z3") and deepspeed_version:   # 0.5 refuses offload: rejected
+        engine = {"zero": {**engine["zero"], "deepspeed_version": deepspeed_version}}
     return {**table, "parallel": parallel, "training": training, **engine}
 
 
@@ -241,12 +246,12 @@ def data_parallel_time(s: Scenario) -> float:
     return sum(expected_dp_volume(s).values()) / bandwidth
 
 
-def screen(raw: Mapping[str, Any], source: Path, keys: dict[str, Any]) -> Outcome:
+def screen(raw: Mapping[str, Any], source: Path, keys: dict[str, Any], deepspeed_version: str | None = None) -> Outcome:
     """A candidate read as a scenario, checked by its engine, its memory estimated: an
     Outcome with its lower bound, or with the reason it is rejected."""
     out = Outcome(keys)
     try:
-        s = scenario_from_table(table_of(raw, keys), source, source.stem)
+        s = scenario_from_table(table_of(raw, keys, deepspeed_version), source, source.stem)
         model_of(s)
         report = scenario_report(s)
     except InputError as error:
@@ -277,11 +282,20 @@ def evaluate(out: Outcome) -> Outcome:
 
 def search(scenario: str | Path, *, top: int = 10, max_simulations: int = 64,
            strategies: Iterable[str] = tuple(STRATEGIES), recompute: Iterable[str] = RECOMPUTE,
-           progress: Callable[[str], None] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+           progress: Callable[[str], None] | None = None,
+           deepspeed_version: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(ranked layouts, rejected layouts with their reasons) for the scenario file's model,
-    cluster, nodes, sequence length, global batch and precision (module docstring)."""
+    cluster, nodes, sequence length, global batch and precision (module docstring).
+    `deepspeed_version`: the DeepSpeed release whose ZeRO-3 the "deepspeed z3" layouts run
+    (default: the scenario's `[zero] deepspeed_version`, else the current one); "0.5" is the
+    2021 engine SC21 and the ZeRO-Infinity paper measured (sim.engines.deepspeed_zero3_v05)."""
     path = Path(scenario)
     raw = parse_toml(read_text(path), path)
+    if deepspeed_version is None and isinstance(raw.get("zero"), Mapping):
+        deepspeed_version = raw["zero"].get("deepspeed_version")
+    if deepspeed_version is not None and deepspeed_version not in DEEPSPEED_VERSIONS:
+        raise InputError(path, "zero.deepspeed_version", f"{deepspeed_version!r} is not a simulated release; "
+                         f"allowed: {', '.join(repr(v) for v in DEEPSPEED_VERSIONS)}")
     model, _, nodes, gpn = hardware_of(raw, path)
     batch = (raw.get("training") or {}).get("global_batch")
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
@@ -289,7 +303,7 @@ def search(scenario: str | Path, *, top: int = 10, max_simulations: int = 64,
                          "allowed: an integer > 0")
     if top < 1 or max_simulations < 1:
         raise InputError(path, "top", "allowed: --top and --max-simulations at least 1")
-    outcomes = [screen(raw, path, keys) for keys in candidates(model, nodes * gpn, gpn, batch, strategies, recompute)]
+    outcomes = [screen(raw, path, keys, deepspeed_version) for keys in candidates(model, nodes * gpn, gpn, batch, strategies, recompute)]
     open_ = sorted((o for o in outcomes if not o.reason), key=lambda o: (o.bound_s, _order(o.keys)))
     if progress:
         progress(f"{len(outcomes)} layouts, {len(open_)} fit the memory estimate; simulating by lower bound")

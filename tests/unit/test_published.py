@@ -306,14 +306,21 @@ def test_bigscience_bf16_optimizer_rows_run_deepspeeds_bf16_optimizer():
     assert plain.usable and plain.scenario.bf16_optimizer_bytes == 0
 
 
-def test_zero3_rows_of_2021_papers_run_that_years_deepspeed():
+def test_zero3_rows_run_the_deepspeed_release_of_their_year():
     sc21 = row_from_fields({**VP001, "source": "Narayanan et al. (SC21)", "framework": "DeepSpeed ZeRO-3 (no TP/PP)",
                             "zero_stage": "3", "micro_batch": "1"})
     assert sc21.usable and sc21.scenario.zero.deepspeed_version == "0.5"
     assert any("v0.3.13-v0.5.4" in a for a in sc21.assumptions)
     later = row_from_fields({**VP001, "source": "DeepSpeed Azure blog (2022)", "framework": "DeepSpeed ZeRO-3",
                              "zero_stage": "3", "micro_batch": "1"})
-    assert later.usable and later.scenario.zero.deepspeed_version == "0.19"
+    assert later.usable and later.scenario.zero.deepspeed_version == "0.6"      # v0.6.0-v0.19.4
+    assert any("v0.6.0-v0.19.4" in a for a in later.assumptions)
     offloading = row_from_fields({**VP001, "source": "Rajbhandari et al. (SC21)", "framework": "DeepSpeed ZeRO-3",
                                   "zero_stage": "3", "micro_batch": "1", "offload": "optimizer to CPU"})
     assert offloading.scenario is not None and offloading.scenario.zero.deepspeed_version == "0.19"
+    recent = row_from_fields({**VP001, "source": "a 2026 benchmark", "framework": "DeepSpeed ZeRO-3",
+                              "zero_stage": "3", "micro_batch": "1"})
+    assert recent.usable and recent.scenario.zero.deepspeed_version == "0.19"
+    stage1 = row_from_fields({**VP001, "source": "DeepSpeed Azure blog (2022)", "framework": "DeepSpeed ZeRO-1",
+                              "zero_stage": "1", "micro_batch": "1"})
+    assert stage1.usable and stage1.scenario.zero.deepspeed_version == "0.19"   # older ZeRO-1/2: today's

@@ -119,6 +119,7 @@ def test_cpu_checkpoints_cross_pcie_both_ways_and_leave_the_device():
     per_step = 8 * on_host.scenario.training.grad_accum
     assert len([op for op in copies if "to the host" in op.name]) == per_step
     assert len([op for op in copies if "from the host" in op.name]) == per_step
+    assert all(op.pageable for op in copies)      # `.to("cpu")` makes a fresh pageable tensor, both ways
     assert activation_peak(on_host) < activation_peak(on_device)
     assert on_host.step_time_s > on_device.step_time_s
 

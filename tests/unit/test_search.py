@@ -94,3 +94,25 @@ def test_pipelines_that_do_not_divide_the_layers_put_a_block_less_on_each_end(tm
     s = scenario_from_table(table_of(parse_toml(text, tmp_path / "s.toml"), keys), tmp_path / "s.toml", "s")
     assert s.stages.counts() == (2, 3, 3, 2)
     assert lower_bound(s) <= simulate(s).step_time_s
+
+
+def test_zero3_layouts_run_the_deepspeed_release_asked_for(tmp_path, capsys):
+    """`--deepspeed-version 0.5` (or the scenario's `[zero] deepspeed_version`) makes the
+    "deepspeed z3" layouts run DeepSpeed's 2021 ZeRO-3 (per-parameter synchronous gathers),
+    slower than today's on the same layout; offload layouts, not simulated on that engine,
+    are rejected with the loader's reason; an unknown release exits 2."""
+    path = tmp_path / "small.toml"
+    path.write_text(SCENARIO)
+    only = dict(top=2, max_simulations=4, strategies=("deepspeed z3", "deepspeed z3+offload"), recompute=("full",))
+    now, _ = search(path, **only)
+    then, rejected = search(path, deepspeed_version="0.5", **only)
+    same = ["tp", "micro_batch"]
+    merged = now[now["strategy"] == "deepspeed z3"].merge(then, on=same, suffixes=("_now", "_then"))
+    assert len(merged) and (merged["step_time_s_then"] > merged["step_time_s_now"]).all()
+    offload = rejected[rejected["strategy"] == "deepspeed z3+offload"]
+    assert len(offload) and offload["reason"].str.startswith("invalid: '0.5' with offload_optimizer").all()
+    path.write_text(SCENARIO.replace("stage = 1", 'stage = 1\ndeepspeed_version = "0.5"'))
+    from_file, _ = search(path, **only)
+    assert list(from_file["step_time_s"]) == list(then["step_time_s"])
+    assert main(["search", str(path), "--deepspeed-version", "0.7", "--quiet"]) == 2
+    assert "0.5" in capsys.readouterr().err

@@ -55,7 +55,8 @@ def table(zero: dict) -> dict:
     ({"stage": 2, "deepspeed_version": "0.5"}, "ZeRO stage 2"),
     ({"stage": 3, "deepspeed_version": "0.5", "offload_optimizer": "cpu"}, "offload"),
     ({"stage": 3, "deepspeed_version": "0.5", "zero_quantized_weights": True}, "ZeRO++"),
-    ({"stage": 3, "deepspeed_version": "0.4"}, "0.19, 0.5")])
+    ({"stage": 1, "deepspeed_version": "0.6"}, "ZeRO stage 1"),
+    ({"stage": 3, "deepspeed_version": "0.4"}, "0.19, 0.6, 0.5")])
 def test_what_it_is_not_simulated_with_is_refused(zero, words):
     with pytest.raises(InputError) as err:
         simulate(scenario_from_table(table(zero), Path("s.toml"), "s"))
