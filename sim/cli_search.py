@@ -14,8 +14,8 @@ from typing import Any
 import pandas as pd
 
 from sim.cli_checks import CLI, check_int, check_output_path, comma_choices, scenario_path, strict_json, written
-from sim.inputs.zero_config import CURRENT_VERSION, LEGACY_VERSION
-from sim.studies.search import DEEPSPEED_VERSIONS, RECOMPUTE, STRATEGIES, search
+from sim.inputs.zero_config import BLOCKING_OFFLOAD_VERSION, CURRENT_VERSION, DEEPSPEED_VERSIONS, LEGACY_VERSION
+from sim.studies.search import RECOMPUTE, STRATEGIES, search
 
 SHOWN = ("rank", "strategy", "tp", "pp", "virtual_stages", "end_stage_layers", "dp", "micro_batch", "recompute", "step_time_s", "tokens_per_s", "mfu",
          "peak_bytes", "exposed_comm_s", "bubble_s", "bound")
@@ -32,8 +32,8 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated recomputation settings to consider (default: none, selective, full)")
     p.add_argument("--deepspeed-version", choices=DEEPSPEED_VERSIONS,
                    help="the DeepSpeed release whose ZeRO-3 the 'deepspeed z3' layouts run (default: the scenario's "
-                        f"[zero] deepspeed_version, else {CURRENT_VERSION}); {LEGACY_VERSION}: the 2021 engine "
-                        "(v0.3.13-v0.5.4) SC21 measured")
+                        f"[zero] deepspeed_version, else {CURRENT_VERSION}); {BLOCKING_OFFLOAD_VERSION}: v0.6.0-v0.19.4; "
+                        f"{LEGACY_VERSION}: the 2021 engine (v0.3.13-v0.5.4) SC21 measured")
     p.add_argument("--json", action="store_true", help="print the ranked and rejected layouts as one JSON object")
     p.add_argument("--csv", metavar="OUT.csv", help="write every candidate, ranked then rejected")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

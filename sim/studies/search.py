@@ -46,7 +46,7 @@ from sim.engines.workload import EMBEDDINGS, Shape, units
 from sim.inputs.load import hardware_of, scenario_from_table
 from sim.inputs.reading import parse_toml, read_text
 from sim.inputs.scenario import Scenario
-from sim.inputs.zero_config import CURRENT_VERSION, LEGACY_VERSION
+from sim.inputs.zero_config import DEEPSPEED_VERSIONS
 from sim.results.memory_report import scenario_report
 from sim.simulate import simulate
 from sim.studies.sweep import FIELDS, MEMORY_FIELDS, TIME_FIELDS, describe
@@ -67,7 +67,6 @@ STRATEGIES: dict[str, dict[str, Any]] = {   # label: the scenario keys that choo
     "fsdp2": {"fsdp": {}},
     "fsdp2 hsdp": {"fsdp": {"replicate_degree": "nodes"}},   # shard inside a node, replicate across nodes
 }
-DEEPSPEED_VERSIONS = (CURRENT_VERSION, LEGACY_VERSION)
 PIPELINE_ENGINES = ("megatron", "deepspeed z1", "fsdp2")   # DeepSpeed refuses ZeRO-2/3 with pipelines
 TENSOR_ENGINES = ("megatron", "deepspeed z1", "deepspeed z2", "deepspeed z3", "deepspeed z3+offload", "fsdp2",
                   "fsdp2 hsdp")
@@ -287,8 +286,8 @@ def search(scenario: str | Path, *, top: int = 10, max_simulations: int = 64,
     """(ranked layouts, rejected layouts with their reasons) for the scenario file's model,
     cluster, nodes, sequence length, global batch and precision (module docstring).
     `deepspeed_version`: the DeepSpeed release whose ZeRO-3 the "deepspeed z3" layouts run
-    (default: the scenario's `[zero] deepspeed_version`, else the current one); "0.5" is the
-    2021 engine SC21 and the ZeRO-Infinity paper measured (sim.engines.deepspeed_zero3_v05)."""
+    (default: the scenario's `[zero] deepspeed_version`, else the current one): "0.6" is
+    v0.6.0-v0.19.4, "0.5" the 2021 engine SC21 measured (sim.inputs.zero_config)."""
     path = Path(scenario)
     raw = parse_toml(read_text(path), path)
     if deepspeed_version is None and isinstance(raw.get("zero"), Mapping):
