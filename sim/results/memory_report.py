@@ -28,7 +28,7 @@ from sim.engines.plan import model_of, resident_memory
 from sim.engines.resident import Resident
 from sim.engines.schedule import Mem
 from sim.inputs.scenario import Scenario
-from sim.inputs.zero_config import CURRENT_VERSION, ZeroConfig
+from sim.inputs.zero_config import LEGACY_VERSION, ZeroConfig
 
 STAGE_LABELS = {0: "DP (no ZeRO)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 
@@ -175,7 +175,7 @@ def own_row_states(s: Scenario, resident: Resident, largest: float,
         partition = optimizer / 12.0          # fp32 master + m + v: 12 B per partitioned parameter
         if z.stage == ZeroStage.PARAMETERS:
             params += 4.0 * largest
-            if z.deepspeed_version == CURRENT_VERSION:      # v0.5's gathers are not prefetched ahead
+            if z.deepspeed_version != LEGACY_VERSION:       # v0.5's gathers are not prefetched ahead
                 buffers += min(z.prefetch_bucket_size, z.max_live_parameters) * h
             partition = min(partition, z.sub_group_size)
         if not s.bf16_optimizer_bytes:    # BF16_Optimizer steps on a view of its accumulation buffer

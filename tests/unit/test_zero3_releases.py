@@ -58,3 +58,11 @@ def test_without_offload_the_releases_run_the_same_plan():
                  for v in ("0.19", "0.6"))
     assert then.step_time_s == now.step_time_s
     assert replace(then.scenario.zero, deepspeed_version="0.19") == now.scenario.zero
+
+
+def test_the_memory_estimate_prefetches_as_today():
+    from sim.results.memory_report import scenario_report
+    now, then, legacy = (scenario_report(tiny("ds-zero3-prefetch", nodes=2, extra_zero={"deepspeed_version": v}))
+                         for v in ("0.19", "0.6", "0.5"))
+    own = lambda r: r.rows[r.this_stage].total_bytes  # noqa: E731
+    assert own(then) == own(now) > own(legacy)        # v0.5 keeps no prefetch bucket
