@@ -5,7 +5,7 @@ Rules (issue 9, design.md "calibrated constants"): one value per hardware proper
 per row; every parameter has bounds that keep it physical (the sources in the comments); a
 parameter is fitted only when some row of the fit depends on it. A GPU parameter is shared
 by the files of the same chip (A100 40 GB and 80 GB have the same SMs and kernels); a
-node's network efficiency and CPU-Adam rate are its cluster file's; host
+node's network efficiency is its cluster file's, its CPU-Adam rate its host CPU's; host
 software costs (kernel launch, ZeRO-3 and FSDP2 hook pairs, ZeRO-3 per-rank slicing) are one value for every
 cluster file, because they are the framework's CPU path, not the node's wiring.
 """
@@ -55,7 +55,7 @@ class Param:
         if self.key.startswith("inter_node."):
             return c.name == self.scope and s.nodes > 1
         if self.key == "host.cpu_adam_params_per_s":
-            return c.name == self.scope and steps_on_the_cpu(s)
+            return c.node.host.cpu == self.scope and steps_on_the_cpu(s)
         if self.key == "attention_efficiency" and s.compute.attention is not AttentionImpl.FLASH:
             return False
         return chip(c.node.gpu) == self.scope
@@ -65,6 +65,12 @@ class Param:
 
     def with_value(self, c: ClusterSpec, v: float) -> ClusterSpec:
         return SETTERS[self.key](c, v)
+
+
+def cluster_scope(key: str, c: ClusterSpec) -> str:
+    """What a per-node parameter belongs to: the network's efficiency to the cluster file,
+    the CPU-Adam rate to the host CPU (DGX A100 40 GB and 80 GB share their EPYC hosts)."""
+    return c.node.host.cpu if key == "host.cpu_adam_params_per_s" else c.name
 
 
 def steps_on_the_cpu(s: Scenario) -> bool:
@@ -152,7 +158,7 @@ def parameters(scenarios: Iterable[Scenario], only: Sequence[str] = ()) -> list[
         for scope in sorted({chip(s.cluster.node.gpu) for s in scenarios if s.cluster.node.gpu.sm_count}):
             found.append(Param(scope, key, lo, hi, src))
     for key, (lo, hi, src) in CLUSTER_BOUNDS.items():
-        for scope in sorted({s.cluster.name for s in scenarios}):
+        for scope in sorted({cluster_scope(key, s.cluster) for s in scenarios}):
             found.append(Param(scope, key, lo, hi, src))
     for key, (lo, hi, src) in HOST_BOUNDS.items():
         found.append(Param("host", key, lo, hi, src))
@@ -222,7 +228,8 @@ def files_of(p: Param, catalog: Path) -> list[Path]:
     out = []
     for f in sorted(catalog.glob("*.toml")):
         cluster = load_cluster(f)
-        if (p.scope == "host" and cluster.node.gpu.sm_count) or (p.key in CLUSTER_BOUNDS and cluster.name == p.scope):
+        if (p.scope == "host" and cluster.node.gpu.sm_count) or (p.key in CLUSTER_BOUNDS
+                                                                 and cluster_scope(p.key, cluster) == p.scope):
             out.append(f)
     return out
 
