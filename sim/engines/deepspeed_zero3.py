@@ -336,7 +336,7 @@ class Zero3Planner(Planner):
         if self.z.offload_optimizer.enabled and ms == self.boundary and self.cpu_share > 0:
             down = self._gradients_to_host(rs, ms, layer, padded)
             if self.z.offload_optimizer.device is OffloadDevice.NVME:   # the fp32 gradients swapped out
-                down = self.copy(Stream.NVME_WRITE, self.cpu_share * 4.0 * padded / self.dp,
+                down = self.copy(Stream.NVME_WRITE, self.cpu_share * FP32_BYTES * padded / self.dp,
                                  "NVMe swap-out of fp32 gradients", Phase.BWD, ms, deps=[down], layer=layer)
             self.offload_copies.append(down)
 

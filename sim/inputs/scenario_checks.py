@@ -59,11 +59,11 @@ def _check_deepspeed_version(s: Scenario, source: Path) -> None:
     z = s.zero
     if z is None or z.deepspeed_version == CURRENT_VERSION:
         return
-    if z.deepspeed_version == BLOCKING_OFFLOAD_VERSION and z.stage != ZeroStage.PARAMETERS:
-        raise InputError(source, "zero.deepspeed_version", f"{z.deepspeed_version!r} with ZeRO stage {int(z.stage)}: "
-                         f"{NOT_SIMULATED_YET} (older releases are simulated for ZeRO-3 only); allowed: "
-                         f"{CURRENT_VERSION!r}, or stage 3")
     if z.deepspeed_version == BLOCKING_OFFLOAD_VERSION:
+        if z.stage != ZeroStage.PARAMETERS:
+            raise InputError(source, "zero.deepspeed_version", f"{z.deepspeed_version!r} with ZeRO stage "
+                             f"{int(z.stage)}: {NOT_SIMULATED_YET} (older releases are simulated for ZeRO-3 only); "
+                             f"allowed: {CURRENT_VERSION!r}, or stage 3")
         return
     later = [what for what, used in (
         (f"ZeRO stage {int(z.stage)}", z.stage != ZeroStage.PARAMETERS),

@@ -28,6 +28,7 @@ from sim.analytic.stages import embedding_balanced_ends
 from sim.core.specs import ClusterSpec
 from sim.inputs.catalog import resolve
 from sim.inputs.hardware import load_cluster
+from sim.inputs.zero_config import BLOCKING_OFFLOAD_VERSION, LEGACY_VERSION
 from sim.studies.published_cells import Unusable, integer, is_blank, number, quote, states_nothing
 
 
@@ -388,13 +389,13 @@ def release_of(f: Mapping[str, str], zero: Mapping[str, Any], notes: list[str]) 
     if year >= 2022:
         notes.append(f"ZeRO-3 of a {year} publication: DeepSpeed v0.6.0-v0.19.4 (blocking gradient copies to "
                      "the host with offload)")
-        return {"deepspeed_version": "0.6"}
+        return {"deepspeed_version": BLOCKING_OFFLOAD_VERSION}
     if zero.get("offload_optimizer") or zero.get("offload_param") or any(
             k.startswith("zero_q") or k == "zero_hpz_partition_size" for k in zero):
         return {}
     notes.append(f"ZeRO-3 of a {year} publication: DeepSpeed's fetch path of that year (v0.3.13-v0.5.4: "
                  "per-parameter, synchronous gathers)")
-    return {"deepspeed_version": "0.5"}
+    return {"deepspeed_version": LEGACY_VERSION}
 
 
 def publication_year(f: Mapping[str, str]) -> int | None:

@@ -46,7 +46,8 @@ from sim.engines.workload import EMBEDDINGS, Shape, units
 from sim.inputs.load import hardware_of, scenario_from_table
 from sim.inputs.reading import parse_toml, read_text
 from sim.inputs.scenario import Scenario
-from sim.inputs.zero_config import DEEPSPEED_VERSIONS
+from sim.inputs.schema import check_value
+from sim.inputs.zero_config import ZERO_KEYS
 from sim.results.memory_report import scenario_report
 from sim.simulate import simulate
 from sim.studies.sweep import FIELDS, MEMORY_FIELDS, TIME_FIELDS, describe
@@ -67,6 +68,7 @@ STRATEGIES: dict[str, dict[str, Any]] = {   # label: the scenario keys that choo
     "fsdp2": {"fsdp": {}},
     "fsdp2 hsdp": {"fsdp": {"replicate_degree": "nodes"}},   # shard inside a node, replicate across nodes
 }
+VERSION_KEY = next(k for k in ZERO_KEYS if k.name == "deepspeed_version")
 PIPELINE_ENGINES = ("megatron", "deepspeed z1", "fsdp2")   # DeepSpeed refuses ZeRO-2/3 with pipelines
 TENSOR_ENGINES = ("megatron", "deepspeed z1", "deepspeed z2", "deepspeed z3", "deepspeed z3+offload", "fsdp2",
                   "fsdp2 hsdp")
@@ -292,9 +294,8 @@ def search(scenario: str | Path, *, top: int = 10, max_simulations: int = 64,
     raw = parse_toml(read_text(path), path)
     if deepspeed_version is None and isinstance(raw.get("zero"), Mapping):
         deepspeed_version = raw["zero"].get("deepspeed_version")
-    if deepspeed_version is not None and deepspeed_version not in DEEPSPEED_VERSIONS:
-        raise InputError(path, "zero.deepspeed_version", f"{deepspeed_version!r} is not a simulated release; "
-                         f"allowed: {', '.join(repr(v) for v in DEEPSPEED_VERSIONS)}")
+    if deepspeed_version is not None:      # the [zero] key's own check, once, not per candidate
+        check_value(deepspeed_version, VERSION_KEY, path, "zero.deepspeed_version")
     model, _, nodes, gpn = hardware_of(raw, path)
     batch = (raw.get("training") or {}).get("global_batch")
     if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
