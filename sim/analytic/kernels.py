@@ -13,6 +13,9 @@ reduction), or the memory-bound kernels' backward. What is fused depends on the 
   one, fused rotary (`apply_rotary_pos_emb`), vocab-parallel cross-entropy.
 - `torch`: torchtitan-style eager PyTorch with fused norms: one kernel per norm, SiLU and
   the gating multiply apart, residual adds apart, no dropout.
+- `torch-compile`: the same modules under `torch.compile` (torchtitan's `compile` option):
+  Inductor fuses each pointwise chain into one kernel, so SiLU and the gating multiply run
+  as one kernel each way (as Megatron's fused SwiGLU), and the fp32 loss is one pass forward.
 - `hf`: Hugging Face transformers eager modules: RMSNorm as its Python arithmetic
   (modeling_llama.py `LlamaRMSNorm`: cast, pow, mean, rsqrt, two multiplies), GPT-2's
   tanh GeLU as its formula (`NewGELUActivation`, about seven elementwise kernels),
@@ -59,6 +62,7 @@ class Kernel:
     batch: int = 1
     seq: int = 0
     backward: bool = False
+    fp8: bool = False      # a GEMM on fp8 operands (at the GPU's fp8 peak)
 
 
 def gemm(name: str, m: int, n: int, k: int, batch: int = 1, value_bytes: int = 2) -> Kernel:
@@ -85,17 +89,53 @@ class Passes:
                       self.backward_weight + other.backward_weight)
 
 
-def linear(name: str, tokens: int, n: int, k: int, *, bias: bool, value_bytes: int) -> Passes:
+def linear(name: str, tokens: int, n: int, k: int, *, bias: bool, value_bytes: int, float8: bool = False,
+           cast_input: bool = True) -> Passes:
     """Y = X W^T (+ b): forward GEMM (tokens x n x k), input gradient dX = dY W
     (tokens x k x n), weight gradient dW = dY^T X (n x k x tokens), and the bias gradient,
-    a reduction of dY over the tokens. The forward bias rides in the GEMM's epilogue."""
+    a reduction of dY over the tokens. The forward bias rides in the GEMM's epilogue.
+    `float8`: torchao's Float8Linear (`float8_linear`) runs the three GEMMs on fp8
+    operands, after casting each operand (`cast_input` False: another Linear's cast of the
+    same input is reused)."""
     if tokens <= 0 or n <= 0 or k <= 0:
         return Passes()
+    if float8:
+        return float8_linear(name, tokens, n, k, bias=bias, value_bytes=value_bytes, cast_input=cast_input)
     weight: tuple[Kernel, ...] = (gemm(f"{name} dW", n, k, tokens, value_bytes=value_bytes),)
     if bias:
         weight += (memory(f"{name} db", value_bytes * tokens * n),)
     return Passes((gemm(name, tokens, n, k, value_bytes=value_bytes),),
                   (gemm(f"{name} dX", tokens, k, n, value_bytes=value_bytes),), weight)
+
+
+def fp8_gemm(name: str, m: int, n: int, k: int, out_bytes: int) -> Kernel:
+    """A GEMM of 1-byte operands writing `out_bytes` values (torch._scaled_mm)."""
+    return Kernel(name, KernelKind.GEMM, 2.0 * m * n * k, float(m * k + k * n + out_bytes * m * n),
+                  m=m, n=n, k=k, fp8=True)
+
+
+def float8_linear(name: str, tokens: int, n: int, k: int, *, bias: bool, value_bytes: int,
+                  cast_input: bool = True) -> Passes:
+    """torchao Float8Linear with dynamic tensorwise scaling (torchao/float8/float8_linear.py,
+    the recipe torchtitan's `float8` option enables): each GEMM operand is scaled by its
+    absolute maximum and cast to fp8 first, an amax reduction (read the tensor) and a cast
+    (read it, write 1-byte values, and a second 1-byte copy in the transposed layout where
+    the backward GEMM needs it: Hopper fp8 GEMMs take only the TN layout). Forward: X and W;
+    input gradient: dY (both layouts) and W transposed; weight gradient: X transposed. The
+    GEMMs write `value_bytes` outputs (dW too: the gradient is kept in the weight's dtype).
+    Linears that read the same input under torch.compile (q, k, v; gate and up) share its
+    casts: Inductor eliminates the identical subexpressions (`cast_input` False)."""
+    v = value_bytes
+
+    def cast(what: str, elements: int, layouts: int = 1) -> tuple[Kernel, ...]:
+        return (memory(f"{name} {what} to fp8", (2 * v + layouts) * elements),)
+    x, xt = (cast("X", tokens * k), cast("X^T", tokens * k)) if cast_input else ((), ())
+    forward = (*x, *cast("W", n * k), fp8_gemm(name, tokens, n, k, v))
+    backward_input = (*cast("dY", tokens * n, 2), *cast("W^T", n * k), fp8_gemm(f"{name} dX", tokens, k, n, v))
+    backward_weight: tuple[Kernel, ...] = (*xt, fp8_gemm(f"{name} dW", n, k, tokens, v))
+    if bias:
+        backward_weight += (memory(f"{name} db", v * tokens * n),)
+    return Passes(forward, backward_input, backward_weight)
 
 
 def norm(name: str, elements: int, style: KernelStyle, rms: bool, value_bytes: int) -> Passes:
@@ -118,7 +158,7 @@ def activation(name: str, elements: int, style: KernelStyle, gated: bool, gelu: 
     torch runs SiLU and the multiply apart; HF's GPT-2 GeLU is its tanh formula."""
     v = value_bytes
     if gated:
-        if style is KernelStyle.MEGATRON:
+        if style in (KernelStyle.MEGATRON, KernelStyle.TORCH_COMPILE):
             return Passes((memory(f"{name} swiglu", 3 * v * elements),), (memory(f"{name} swiglu dX", 5 * v * elements),))
         return Passes((memory(f"{name} silu", 2 * v * elements), memory(f"{name} mul", 3 * v * elements)),
                       (memory(f"{name} mul dX", 4 * v * elements), memory(f"{name} silu dX", 3 * v * elements)))
@@ -185,8 +225,12 @@ def attention(name: str, batch_heads: int, kv_heads: int, seq: int, head_dim: in
 def cross_entropy(name: str, tokens: int, vocab_shard: int, style: KernelStyle, value_bytes: int) -> Passes:
     """The loss over the (vocab-parallel) logits in fp32: max, subtract, exp, sum, log and
     the target gather forward (about three fp32 passes and the upcast); softmax minus the
-    one-hot target backward. HF upcasts the logits first (one more pass each way)."""
+    one-hot target backward. HF upcasts the logits first (one more pass each way); Inductor
+    fuses the forward into one pass over the logits (an online log-sum-exp)."""
     elements = tokens * vocab_shard
+    if style is KernelStyle.TORCH_COMPILE:
+        fwd: tuple[Kernel, ...] = (memory(f"{name} fused", (value_bytes + 4) * elements),)
+        return Passes(fwd, (memory(f"{name} softmax dX", (value_bytes + 4 + value_bytes) * elements),))
     passes = 4 if style is KernelStyle.HF else 3
     fwd = (memory(f"{name} upcast", (value_bytes + 4) * elements),
            *(memory(f"{name} softmax {i}", 8 * elements) for i in range(passes - 1)))

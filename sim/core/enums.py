@@ -98,7 +98,15 @@ class KernelStyle(StrEnum):
 
     MEGATRON = "megatron"
     TORCH = "torch"
+    TORCH_COMPILE = "torch-compile"
     HF = "hf"
+
+
+class Float8Recipe(StrEnum):
+    """[compute] float8: the blocks' Linears in fp8 (sim.analytic.kernels.float8_linear)."""
+
+    NONE = "none"
+    TENSORWISE = "tensorwise"    # torchao Float8Linear, dynamic tensorwise scaling (torchtitan's float8)
 
 
 class OptimizerImpl(StrEnum):

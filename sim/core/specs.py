@@ -29,6 +29,7 @@ class GpuSpec:
     bf16_flops: float                   # FLOP/s dense peak; 0 when the GPU has no bf16
     fp16_flops: float                   # FLOP/s dense peak (tensor cores)
     fp32_flops: float                   # FLOP/s dense peak (no TF32)
+    fp8_flops: float = 0.0              # FLOP/s dense peak of fp8 (e4m3 / e5m2) tensor cores; 0: none
     matmul_efficiency: float            # fraction of peak reached by large GEMMs
     memory_bandwidth_efficiency: float  # fraction of peak HBM bandwidth reached
     uncertain: tuple[str, ...] = ()     # keys whose value is an estimate (see the file)

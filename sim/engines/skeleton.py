@@ -27,7 +27,7 @@ from sim.engines.policies import OptimizerPlacement, Part, pipeline_order
 from sim.engines.resident import Resident
 from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, PipeTag, Schedule, Stream
 from sim.engines.uses import B, F, R, Use
-from sim.engines.workload import EMBEDDINGS, Shape, Unit, blocks, units
+from sim.engines.workload import EMBEDDINGS, Unit, blocks, shape_of, units
 from sim.inputs.scenario import Scenario
 
 
@@ -46,9 +46,7 @@ class Planner(Checkpointing):
         self.chunk = 0                                      # the local model chunk being planned
         self.b = Builder()
         self._activation_bytes: dict[act.Recompute, float] = {}
-        all_units = units(self.m, Shape(self.t.seq_len, self.t.micro_batch, layout.tp,
-                                        BYTES_PER_ELEMENT[s.training.precision.value], s.compute.kernels,
-                                        s.compute.attention, s.parallel.sequence_parallel))
+        all_units = units(self.m, shape_of(s, layout.tp))
         if granules is None:
             granules = all_units if self.per_module else blocks(all_units)
         self.granules: list[Unit] = [g for g in granules if self._on_this_stage(g)]

@@ -13,11 +13,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from sim.analytic import kernels as kn
 from sim.analytic import op_sac
 from sim.analytic.kernels import AttentionImpl, Kernel, KernelStyle, Passes
+from sim.core.enums import Float8Recipe
 from sim.core.model import Family, ModelSpec, ModuleSpec, Norm, Place, Position, Role, module_tree
+from sim.core.units import BYTES_PER_ELEMENT
+
+if TYPE_CHECKING:
+    from sim.inputs.scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +77,7 @@ class Shape:
     style: KernelStyle = KernelStyle.TORCH
     attention: AttentionImpl = AttentionImpl.FLASH
     sequence_parallel: bool = False
+    float8: bool = False              # the blocks' Linears as torchao Float8Linear (sim.analytic.kernels)
 
     @property
     def tokens(self) -> int:
@@ -81,6 +88,19 @@ class Shape:
         """Tokens a rank holds outside the TP regions (all of them, or 1/tp with sequence
         parallelism: Korthikanti et al. Sec. 4.2.2)."""
         return -(-self.tokens // self.tp) if self.sequence_parallel else self.tokens
+
+
+# Linears that read the same input as the one before them (q_proj's; gate_proj's where the
+# MLP is gated): under
+# torch.compile their Float8 input casts are one computation (sim.analytic.kernels.float8_linear).
+SHARED_INPUT_LINEARS = ("k_proj", "v_proj", "up_proj")
+
+
+def shape_of(s: Scenario, tp: int) -> Shape:
+    """The Shape of a scenario's micro-batch on a TP group of `tp` ranks."""
+    t, c = s.training, s.compute
+    return Shape(t.seq_len, t.micro_batch, tp, BYTES_PER_ELEMENT[t.precision.value], c.kernels, c.attention,
+                 s.parallel.sequence_parallel, c.float8 is not Float8Recipe.NONE)
 
 
 @lru_cache(maxsize=16)
@@ -174,12 +194,17 @@ def _linear_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:
         tokens = -(-tokens * m.experts_per_token // m.experts)
     bias = len(mod.tensors) > 1
     dropout = m.family is Family.GPT2
+    f8 = shape.float8         # torchtitan converts every Linear but the output head (float8.filter_fqns)
     if mod.place in (Place.QKV, Place.FFN_IN):
-        return kn.linear(mod.name, tokens, -(-out_features // tp), in_features, bias=bias, value_bytes=v)
+        leaf = mod.name.rsplit(".", 1)[-1]
+        shared = shape.style is KernelStyle.TORCH_COMPILE and leaf in SHARED_INPUT_LINEARS \
+            and (leaf != "up_proj" or m.gated_mlp)
+        return kn.linear(mod.name, tokens, -(-out_features // tp), in_features, bias=bias, value_bytes=v, float8=f8,
+                         cast_input=not shared)
     if mod.place is Place.ROUTER:
         return kn.linear(mod.name, tokens, out_features, in_features, bias=bias, value_bytes=v)
     if mod.place in (Place.ATTN_OUT, Place.FFN_OUT):
-        gemm = kn.linear(mod.name, tokens, out_features, -(-in_features // tp), bias=bias, value_bytes=v)
+        gemm = kn.linear(mod.name, tokens, out_features, -(-in_features // tp), bias=bias, value_bytes=v, float8=f8)
         parts = [gemm]
         if mod.place is Place.FFN_OUT:
             act = kn.activation(mod.name, tokens * -(-in_features // tp), style, m.gated_mlp,

@@ -24,6 +24,7 @@ GPU_KEYS = (
     Key("bf16_TFLOPS", float, non_negative=True),
     Key("fp16_TFLOPS", float, positive=True),
     Key("fp32_TFLOPS", float, positive=True),
+    Key("fp8_TFLOPS", float, required=False, default=0.0, non_negative=True),
     Key("matmul_efficiency", float, fraction=True),
     Key("memory_bandwidth_efficiency", float, fraction=True),
     Key("uncertain", list, required=False, default=[]),
@@ -93,7 +94,7 @@ def gpu_from_table(table: Mapping[str, Any], source: str | Path, prefix: str = "
     _check_uncertain(v["uncertain"], {k.name for k in GPU_KEYS}, source, prefix)
     attention = v["attention_efficiency"] or v["matmul_efficiency"]
     return GpuSpec(name=v["name"], memory=v["memory"], memory_bandwidth=v["memory_bandwidth"],
-                   bf16_flops=v["bf16"], fp16_flops=v["fp16"], fp32_flops=v["fp32"],
+                   bf16_flops=v["bf16"], fp16_flops=v["fp16"], fp32_flops=v["fp32"], fp8_flops=v["fp8"],
                    matmul_efficiency=v["matmul_efficiency"],
                    memory_bandwidth_efficiency=v["memory_bandwidth_efficiency"],
                    uncertain=tuple(v["uncertain"]), kernel_overhead=v["kernel_overhead"],

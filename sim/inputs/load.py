@@ -19,6 +19,7 @@ from sim.core.enums import (
     AttentionImpl,
     Axis,
     Engine,
+    Float8Recipe,
     KernelStyle,
     OptimizerImpl,
     Precision,
@@ -62,6 +63,7 @@ TOP_KEYS = (
 COMPUTE_KEYS = (
     Key("kernels", str, required=False, default="torch", choices=tuple(KernelStyle)),
     Key("attention", str, required=False, default="flash", choices=tuple(AttentionImpl)),
+    Key("float8", str, required=False, default="none", choices=tuple(Float8Recipe)),
 )
 COMM_KEYS = (
     Key("algorithm", str, required=False, default="auto", choices=tuple(Algorithm)),
@@ -165,7 +167,8 @@ def _comm(raw: Mapping[str, Any], source: Path) -> CommConfig:
 
 def _compute(raw: Mapping[str, Any], source: Path) -> ComputeConfig:
     v = read_table(raw, COMPUTE_KEYS, source, "compute.")
-    return ComputeConfig(kernels=KernelStyle(v["kernels"]), attention=AttentionImpl(v["attention"]))
+    return ComputeConfig(kernels=KernelStyle(v["kernels"]), attention=AttentionImpl(v["attention"]),
+                         float8=Float8Recipe(v["float8"]))
 
 
 def _question(text: str) -> str:

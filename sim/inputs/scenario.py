@@ -16,6 +16,7 @@ from sim.core.enums import (
     AttentionImpl,
     Axis,
     Engine,
+    Float8Recipe,
     KernelStyle,
     OptimizerImpl,
     Precision,
@@ -48,6 +49,7 @@ class ComputeConfig:
 
     kernels: KernelStyle = KernelStyle.TORCH
     attention: AttentionImpl = AttentionImpl.FLASH
+    float8: Float8Recipe = Float8Recipe.NONE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.core.enums import AttentionImpl, Engine, Recompute, ScheduleMode, ZeroStage
+from sim.core.enums import (
+    AttentionImpl,
+    Engine,
+    Float8Recipe,
+    KernelStyle,
+    Precision,
+    Recompute,
+    ScheduleMode,
+    ZeroStage,
+)
 from sim.core.errors import InputError
 from sim.core.model import Position
 from sim.inputs.scenario import Scenario
@@ -31,6 +40,31 @@ def check_scenario(s: Scenario, source: Path) -> None:
     _check_op_recompute(s, source)
     _check_grad_accum_dtype(s, source)
     _check_deepspeed_version(s, source)
+    _check_float8(s, source)
+
+
+FLOAT8_KERNELS = (KernelStyle.TORCH, KernelStyle.TORCH_COMPILE)
+
+
+def _check_float8(s: Scenario, source: Path) -> None:
+    """`[compute] float8` is torchao's Float8Linear (what torchtitan's float8 option swaps in):
+    it needs fp8 tensor cores (Hopper or later) and a bf16 model (torchtitan trains in bf16);
+    Transformer Engine's fp8 (Megatron) and Hugging Face's paths are not simulated."""
+    if s.compute.float8 is Float8Recipe.NONE:
+        return
+    key, gpu = "compute.float8", s.cluster.gpu
+    if gpu.fp8_flops <= 0:
+        raise InputError(source, key, f"{s.compute.float8.value!r} on {gpu.name}, which has no fp8 tensor cores "
+                         "(fp8_TFLOPS 0); allowed: \"none\", or a GPU with fp8 (H100, H200, B200)")
+    if s.training.precision is not Precision.BF16:
+        raise InputError(source, key, f"{s.compute.float8.value!r} with precision {s.training.precision.value}: "
+                         f"{NOT_SIMULATED_YET}; allowed: precision bf16, or float8 \"none\"")
+    if s.compute.kernels not in FLOAT8_KERNELS or s.model.lora is not None or s.schedule_mode is ScheduleMode.PAPER:
+        raise InputError(source, key, f"{s.compute.float8.value!r} with kernels {s.compute.kernels.value}"
+                         + (", LoRA" if s.model.lora is not None else "")
+                         + (', schedule "paper"' if s.schedule_mode is ScheduleMode.PAPER else "")
+                         + f": {NOT_SIMULATED_YET} (Transformer Engine's fp8 is not modelled); allowed: kernels "
+                         + " or ".join(f'"{k.value}"' for k in FLOAT8_KERNELS) + " without LoRA, or float8 \"none\"")
 
 
 def _check_grad_accum_dtype(s: Scenario, source: Path) -> None:

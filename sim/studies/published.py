@@ -32,6 +32,7 @@ from sim.studies import published_network as net
 from sim.studies.published_cells import (
     Reliability,
     Unusable,
+    float8_linears,
     integer,
     plain_int,
     precision,
@@ -42,6 +43,7 @@ from sim.studies.published_cells import (
     tier,
     value_of,
 )
+from sim.studies.published_context import with_stated_context
 from sim.studies.published_models import model_table, params_note
 from sim.studies.published_targets import Kind, classify, converted_time, explicit_time
 
@@ -151,6 +153,7 @@ class _WithStep(Unusable):
 
 def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]:
     """The scenario table of a row (docs/scenarios.md) and the vocabulary its FLOP count used."""
+    f = with_stated_context(f, notes)
     row_gpn = lay.row_gpus_per_node(f.get("gpus_per_node", ""), notes)
     cluster = lay.cluster_name(f.get("gpu", ""), row_gpn, notes)
     cluster_gpn = lay.catalog_cluster(cluster).gpus_per_node
@@ -158,7 +161,7 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]
     choice = lay.engine(f, layout.nodes, layout.gpus_per_node, notes, layout.tp)
     seq = required_int(f.get("seq_len", ""), "seq_len", notes)
     model, vocab = model_table(f, seq, layout.tp, choice.megatron, notes)
-    prec = precision(f.get("precision", ""), f.get("other_config", ""), notes)
+    prec = precision(f.get("precision", ""), notes)
     rec = recompute(f.get("act_ckpt", ""), notes)
     micro, glob = lay.batch(f, seq, layout.dp, choice.megatron, notes)
     chunks = _schedule_notes(f, layout.pp, choice.family == "megatron", notes)
@@ -205,13 +208,22 @@ FLASH_FRAMEWORKS = r"torchtitan|llm-foundry|fms-fsdp|megatron-core|flash"
 
 def _compute(f: Mapping[str, str], cluster: str, megatron: bool, notes: list[str]) -> dict[str, str]:
     """[compute] of a row: Megatron-based frameworks run Megatron's fused kernels, the rest
-    torch ops (torchtitan-style); attention is FlashAttention where the framework used it
-    (torchtitan, llm-foundry, fms-fsdp, Megatron-Core 2024, or the row says flash) and
-    never on V100 (FlashAttention needs sm80+), unfused (QK^T, softmax, PV) otherwise."""
+    torch ops (torchtitan-style), under torch.compile where the row says compile; attention
+    is FlashAttention where the framework used it (torchtitan, llm-foundry, fms-fsdp,
+    Megatron-Core 2024, or the row says flash) and never on V100 (FlashAttention needs
+    sm80+), unfused (QK^T, softmax, PV) otherwise; Float8 linears where the row says so
+    (torchao's tensorwise recipe: torchtitan's float8 option)."""
     text = " ".join(f.get(c, "") for c in ("source", "framework", "other_config", "model")).lower()
     flash = bool(re.search(FLASH_FRAMEWORKS, text)) and "v100" not in f.get("gpu", "").lower() \
         and not cluster.lower().startswith(("dgx-2", "dgx1"))
-    out = {"kernels": "megatron" if megatron else "torch", "attention": "flash" if flash else "unfused"}
+    compiled = not megatron and "compile" in " ".join(f.get(c, "") for c in ("other_config", "framework")).lower()
+    out = {"kernels": "megatron" if megatron else "torch-compile" if compiled else "torch",
+           "attention": "flash" if flash else "unfused"}
+    if float8_linears(f.get("precision", ""), f.get("other_config", "")):
+        out["float8"] = "tensorwise"
+        notes.append("Float8 linears as torchao's tensorwise recipe (torchtitan's float8 option)")
+        if "all-gather" in f.get("precision", "").lower():
+            notes.append("FSDP float8 all-gather not modelled: parameters gathered in bf16")
     notes.append(f"kernels {out['kernels']}, attention {out['attention']} (from the framework and date)")
     return out
 
@@ -232,8 +244,8 @@ def _schedule_notes(f: Mapping[str, str], pp: int, megatron: bool, notes: list[s
         notes.append(f"interleaved 1F1B with {chunks} model chunks per stage (as stated)")
     elif "interleav" in text and pp > 1 and not stated:
         notes.append("interleaved 1F1B without a stated number of chunks: simulated as plain 1F1B")
-    if "compile" in text:
-        notes.append("torch.compile not modelled")
+    if "compile" in text and megatron:
+        notes.append("torch.compile not modelled with Megatron's kernels")
     return chunks
 
 

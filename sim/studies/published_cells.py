@@ -90,16 +90,10 @@ def value_of(text: str) -> float:
 PLAIN_PRECISIONS = ("fp16", "bf16", "fp32", "fp16 mixed", "bf16 mixed")
 
 
-def precision(text: str, other_config: str, notes: list[str]) -> str:
+def precision(text: str, notes: list[str]) -> str:
     """fp16 / bf16 / fp32: the first of them the cell names ('fp16 (bf16 optimizer introduced
-    later)' is fp16; 'fp16 mixed' is fp16). Float8 linears are refused: the simulator has no
-    fp8 GEMMs; 'Float8 where noted' counts only when other_config notes Float8."""
+    later)' is fp16; 'fp16 mixed' is fp16); Float8 linears are read apart (`float8_linears`)."""
     low = text.lower()
-    fp8 = "float8" in low or "fp8" in low
-    if fp8 and "where noted" in low:
-        fp8 = "float8" in other_config.lower() or "fp8" in other_config.lower()
-    if fp8:
-        raise Unusable(f"precision {quote(text)}: Float8 linears are not simulated")
     found = sorted((low.find(p), p) for p in ("fp16", "bf16", "fp32") if p in low)
     if not found:
         raise Unusable("precision not given" + (f" ({quote(text)})" if text.strip() else ""))
@@ -107,6 +101,16 @@ def precision(text: str, other_config: str, notes: list[str]) -> str:
     if low.strip() not in PLAIN_PRECISIONS:
         notes.append(f"precision {choice} read from {quote(text)}")
     return choice
+
+
+def float8_linears(text: str, other_config: str) -> bool:
+    """Whether the run's Linears were Float8: the precision cell says so ('BF16 + Float8
+    linears'); 'Float8 where noted' counts only when other_config notes Float8."""
+    low = text.lower()
+    fp8 = "float8" in low or "fp8" in low
+    if fp8 and "where noted" in low:
+        fp8 = "float8" in other_config.lower() or "fp8" in other_config.lower()
+    return fp8
 
 
 def recompute(text: str, notes: list[str]) -> str:

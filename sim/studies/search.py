@@ -42,7 +42,7 @@ from sim.core.model import ModelSpec
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.des.engine import kernel_time
 from sim.engines.plan import expected_dp_volume, model_of
-from sim.engines.workload import EMBEDDINGS, Shape, units
+from sim.engines.workload import EMBEDDINGS, shape_of, units
 from sim.inputs.load import hardware_of, scenario_from_table
 from sim.inputs.reading import parse_toml, read_text
 from sim.inputs.scenario import Scenario
@@ -206,8 +206,7 @@ def stage_kernel_time(s: Scenario, stage: int) -> float:
     cores selective recomputation repeats), and the embedding (first stage) or final norm,
     head and loss (last stage)."""
     m, t, p = s.model, s.training, s.parallel
-    shape = Shape(t.seq_len, t.micro_batch, p.tp, BYTES_PER_ELEMENT[t.precision.value], s.compute.kernels,
-                  s.compute.attention, p.sequence_parallel)
+    shape = shape_of(s, p.tp)
     plan = t.recompute_plan
     if p.virtual_stages == 1:                             # any split (sim.analytic.stages)
         mine = list(s.stages.blocks(stage))

@@ -106,6 +106,21 @@ def test_torchtitan_rows_run_its_part_its_selective_policy_and_its_tp_plan(share
 
 
 @needs_data
+def test_float8_rows_run_float8_linears_under_torch_compile(shared_rows):
+    """torchtitan's benchmark rows name Float8 and torch.compile; the paper's 2D row (VP455)
+    ran the same experiment, which its companion page captions '+ torch.compile + Float8'."""
+    for rid in ("VP437", "VP455", "VP459"):
+        r = shared_rows[rid]
+        assert r.usable, (rid, r.reason)
+        assert r.scenario.compute.float8.value == "tensorwise"
+        assert r.scenario.compute.kernels.value == "torch-compile"
+    assert any("llama3_h100_202412_torchtitan.md" in a for a in shared_rows["VP455"].assumptions)
+    assert not any("llama3_h100" in a for a in shared_rows["VP437"].assumptions)   # its own cells say it
+    plain = shared_rows["VP452"].scenario                 # the paper's 1D row: eager bf16, as its cells say
+    assert plain.compute.float8.value == "none" and plain.compute.kernels.value == "torch"
+
+
+@needs_data
 def test_mt_nlg_rows_give_the_published_iteration_times(shared_rows):
     expected = {2240: 60.1, 2800: 50.2, 3360: 44.4}
     found = [r for r in shared_rows.values() if r.model.startswith("MT-NLG 530B") and r.usable]
