@@ -25,9 +25,16 @@ from sim.inputs.scenario import Scenario
 US = 1e-6
 
 
+# Parts built on another part's die: H200 is the GH100 die of the H100 with HBM3e (NVIDIA
+# H200 datasheet: the H100 SXM's compute); its memory bandwidth is its own peak.
+SAME_DIE = {"H200": "H100"}
+
+
 def chip(gpu: GpuSpec) -> str:
-    """The silicon a GPU file describes: 'A100-SXM4-80GB' and 'A100-SXM4-40GB' -> 'A100'."""
-    return gpu.name.split("-")[0]
+    """The silicon a GPU file describes: 'A100-SXM4-80GB' and 'A100-SXM4-40GB' -> 'A100';
+    'H200-SXM-141GB' -> 'H100' (the same die)."""
+    name = gpu.name.split("-")[0]
+    return SAME_DIE.get(name, name)
 
 
 @dataclass(frozen=True)

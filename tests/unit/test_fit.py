@@ -14,7 +14,7 @@ from sim.inputs.catalog import catalog_dir
 from sim.inputs.hardware import load_cluster, load_gpu
 from sim.simulate import simulate
 from sim.studies.fit import FitRow, fit, folds_of
-from sim.studies.fit_params import applied, parameters, rewrite_toml
+from sim.studies.fit_params import applied, chip, parameters, rewrite_toml
 from tests.crosscheck.scenarios import tiny
 
 
@@ -117,3 +117,11 @@ def test_bad_fit_options_exit_2_naming_the_key(argv, key, capsys, tmp_path, monk
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("zerosim: error:") and key in err and "\n" == err[-1] and err.count("\n") == 1
+
+
+def test_parts_on_one_die_share_the_chip_parameters():
+    """H100 80 GB, the 96 GB Grand Teton part and H200 are one GH100 die: one fitted value."""
+    gpus = catalog_dir("hardware") / "gpus"
+    names = {chip(load_gpu(gpus / f)) for f in ("h100-sxm5-80g.toml", "h100-sxm-96g-hbm2e.toml", "h200-sxm-141g.toml")}
+    assert names == {"H100"}
+    assert chip(load_gpu(gpus / "a100-sxm4-40g.toml")) == chip(load_gpu(gpus / "a100-sxm4-80g.toml")) == "A100"
