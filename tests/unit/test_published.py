@@ -247,6 +247,18 @@ def test_unknown_header_is_an_input_error(tmp_path):
         read_rows(path)
 
 
+def test_what_a_source_states_elsewhere_joins_other_config_with_its_source():
+    from sim.studies.published_context import STATED_ELSEWHERE, with_stated_context
+    notes: list[str] = []
+    row = {"id": "VP455", "other_config": "2D"}
+    read = with_stated_context(row, notes)
+    assert read["other_config"] == "2D; " + STATED_ELSEWHERE["VP455"][0] and row["other_config"] == "2D"
+    assert len(notes) == 1 and "torchtitan" in notes[0] and "not in the row's cells" in notes[0]
+    assert with_stated_context({"id": "VP001", "other_config": ""}, notes) == {"id": "VP001", "other_config": ""}
+    assert len(notes) == 1
+    assert all(text and len(where) > 40 for text, where in STATED_ELSEWHERE.values())   # every entry cites
+
+
 def test_cells_and_tiers():
     notes: list[str] = []
     assert number("18K (18432)", "hidden", notes) == 18432 and number("4K", "hidden", notes) == 4096
