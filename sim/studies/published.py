@@ -195,9 +195,12 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]
         training["cpu_checkpointing"] = True
     if choice.delayed_update:
         training["delayed_parameter_update"] = True
+    compute = _compute(f, cluster, choice.megatron, notes)
+    if "float8" in compute and layout.tp > 1:
+        notes.append("torchtitan's float8 TP styles (fp8 all-gathers into column-parallel Linears) not modelled: "
+                     "TP all-gathers in bf16")
     table: dict[str, Any] = {"model": model, "cluster": cluster, "nodes": layout.nodes, "parallel": parallel,
-                             "training": training, "compute": _compute(f, cluster, choice.megatron, notes),
-                             **choice.keys}
+                             "training": training, "compute": compute, **choice.keys}
     if layout.gpus_per_node != cluster_gpn:
         table["gpus_per_node"] = layout.gpus_per_node
     return table, vocab
