@@ -49,7 +49,8 @@ FLOAT8_KERNELS = (KernelStyle.TORCH, KernelStyle.TORCH_COMPILE)
 def _check_float8(s: Scenario, source: Path) -> None:
     """`[compute] float8` is torchao's Float8Linear (what torchtitan's float8 option swaps in):
     it needs fp8 tensor cores (Hopper or later) and a bf16 model (torchtitan trains in bf16);
-    Transformer Engine's fp8 (Megatron) and Hugging Face's paths are not simulated."""
+    Transformer Engine's fp8 (what Megatron-Core runs) and Hugging Face's paths are not
+    simulated."""
     if s.compute.float8 is Float8Recipe.NONE:
         return
     key, gpu = "compute.float8", s.cluster.gpu
@@ -59,12 +60,16 @@ def _check_float8(s: Scenario, source: Path) -> None:
     if s.training.precision is not Precision.BF16:
         raise InputError(source, key, f"{s.compute.float8.value!r} with precision {s.training.precision.value}: "
                          f"{NOT_SIMULATED_YET}; allowed: precision bf16, or float8 \"none\"")
-    if s.compute.kernels not in FLOAT8_KERNELS or s.model.lora is not None or s.schedule_mode is ScheduleMode.PAPER:
+    megatron = s.engine is Engine.MEGATRON
+    if s.compute.kernels not in FLOAT8_KERNELS or megatron or s.model.lora is not None \
+            or s.schedule_mode is ScheduleMode.PAPER:
         raise InputError(source, key, f"{s.compute.float8.value!r} with kernels {s.compute.kernels.value}"
+                         + (", engine megatron" if megatron else "")
                          + (", LoRA" if s.model.lora is not None else "")
                          + (', schedule "paper"' if s.schedule_mode is ScheduleMode.PAPER else "")
-                         + f": {NOT_SIMULATED_YET} (Transformer Engine's fp8 is not modelled); allowed: kernels "
-                         + " or ".join(f'"{k.value}"' for k in FLOAT8_KERNELS) + " without LoRA, or float8 \"none\"")
+                         + f": {NOT_SIMULATED_YET} (Transformer Engine's fp8, Megatron's, is not modelled); allowed: kernels "
+                         + " or ".join(f'"{k.value}"' for k in FLOAT8_KERNELS)
+                         + " with a torch or DeepSpeed engine, without LoRA, or float8 \"none\"")
 
 
 def _check_grad_accum_dtype(s: Scenario, source: Path) -> None:

@@ -33,9 +33,12 @@ float8 = "{float8}"
 """
 
 
-def scenario(write_scenario, cluster="dgx-h100", precision="bf16", kernels="torch-compile", float8="tensorwise"):
-    return load_scenario(write_scenario(SCENARIO.format(cluster=cluster, precision=precision, kernels=kernels,
-                                                        float8=float8)))
+def scenario(write_scenario, cluster="dgx-h100", precision="bf16", kernels="torch-compile", float8="tensorwise",
+             engine="fsdp"):
+    text = SCENARIO.format(cluster=cluster, precision=precision, kernels=kernels, float8=float8)
+    if engine == "megatron":
+        text = text.replace("[fsdp]", "[megatron]")
+    return load_scenario(write_scenario(text))
 
 
 def seconds(passes, gpu=H100) -> float:
@@ -91,6 +94,7 @@ def test_float8_makes_a_llama_step_faster_and_compile_does_too(write_scenario):
     ({"precision": "fp16"}, "not simulated yet"),
     ({"kernels": "megatron"}, "Transformer Engine"),
     ({"float8": "rowwise"}, "allowed"),
+    ({"engine": "megatron"}, "engine megatron"),
 ])
 def test_float8_is_refused_where_it_cannot_run_or_is_not_modelled(write_scenario, kwargs, says):
     with pytest.raises(InputError, match="compute.float8") as e:
