@@ -127,12 +127,13 @@ def float8_linear(name: str, tokens: int, n: int, k: int, *, bias: bool, value_b
     casts: Inductor eliminates the identical subexpressions (`cast_input` False)."""
     v = value_bytes
 
-    def cast(what: str, elements: int, layouts: int = 1) -> tuple[Kernel, ...]:
-        return (memory(f"{name} {what} to fp8", (2 * v + layouts) * elements),)
-    x, xt = (cast("X", tokens * k), cast("X^T", tokens * k)) if cast_input else ((), ())
-    forward = (*x, *cast("W", n * k), fp8_gemm(name, tokens, n, k, v))
-    backward_input = (*cast("dY", tokens * n, 2), *cast("W^T", n * k), fp8_gemm(f"{name} dX", tokens, k, n, v))
-    backward_weight: tuple[Kernel, ...] = (*xt, fp8_gemm(f"{name} dW", n, k, tokens, v))
+    def cast(what: str, elements: int, layouts: int = 1) -> Kernel:
+        return memory(f"{name} {what} to fp8", (2 * v + layouts) * elements)
+    forward: tuple[Kernel, ...] = (cast("X", tokens * k),) if cast_input else ()
+    forward += (cast("W", n * k), fp8_gemm(name, tokens, n, k, v))
+    backward_input = (cast("dY", tokens * n, 2), cast("W^T", n * k), fp8_gemm(f"{name} dX", tokens, k, n, v))
+    backward_weight: tuple[Kernel, ...] = (cast("X^T", tokens * k),) if cast_input else ()
+    backward_weight += (fp8_gemm(f"{name} dW", n, k, tokens, v),)
     if bias:
         backward_weight += (memory(f"{name} db", v * tokens * n),)
     return Passes(forward, backward_input, backward_weight)

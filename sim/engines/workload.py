@@ -91,8 +91,8 @@ class Shape:
 
 
 # Linears that read the same input as the one before them (q_proj's; gate_proj's where the
-# MLP is gated): under
-# torch.compile their Float8 input casts are one computation (sim.analytic.kernels.float8_linear).
+# MLP is gated): under torch.compile their Float8 input casts are one computation
+# (sim.analytic.kernels.float8_linear).
 SHARED_INPUT_LINEARS = ("k_proj", "v_proj", "up_proj")
 
 
