@@ -219,7 +219,9 @@ def _compute(f: Mapping[str, str], cluster: str, megatron: bool, notes: list[str
     text = " ".join(f.get(c, "") for c in ("source", "framework", "other_config", "model")).lower()
     flash = bool(re.search(FLASH_FRAMEWORKS, text)) and "v100" not in f.get("gpu", "").lower() \
         and not cluster.lower().startswith(("dgx-2", "dgx1"))
-    compiled = not megatron and "compile" in " ".join(f.get(c, "") for c in ("other_config", "framework")).lower()
+    compiled = "compile" in " ".join(f.get(c, "") for c in ("other_config", "framework")).lower()
+    if compiled and megatron:
+        notes.append("torch.compile not modelled with Megatron's kernels")
     out = {"kernels": "megatron" if megatron else "torch-compile" if compiled else "torch",
            "attention": "flash" if flash else "unfused"}
     if float8_linears(f.get("precision", ""), f.get("other_config", "")):
@@ -247,8 +249,6 @@ def _schedule_notes(f: Mapping[str, str], pp: int, megatron: bool, notes: list[s
         notes.append(f"interleaved 1F1B with {chunks} model chunks per stage (as stated)")
     elif "interleav" in text and pp > 1 and not stated:
         notes.append("interleaved 1F1B without a stated number of chunks: simulated as plain 1F1B")
-    if "compile" in text and megatron:
-        notes.append("torch.compile not modelled with Megatron's kernels")
     return chunks
 
 

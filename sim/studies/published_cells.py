@@ -106,11 +106,11 @@ def precision(text: str, notes: list[str]) -> str:
 def float8_linears(text: str, other_config: str) -> bool:
     """Whether the run's Linears were Float8: the precision cell says so ('BF16 + Float8
     linears'); 'Float8 where noted' counts only when other_config notes Float8."""
-    low = text.lower()
-    fp8 = "float8" in low or "fp8" in low
-    if fp8 and "where noted" in low:
-        fp8 = "float8" in other_config.lower() or "fp8" in other_config.lower()
-    return fp8
+    def names_fp8(cell: str) -> bool:
+        return "float8" in cell.lower() or "fp8" in cell.lower()
+    if "where noted" in text.lower():
+        return names_fp8(text) and names_fp8(other_config)
+    return names_fp8(text)
 
 
 def recompute(text: str, notes: list[str]) -> str:
