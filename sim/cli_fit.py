@@ -51,7 +51,7 @@ def _rows(args: argparse.Namespace) -> list[FitRow]:
     for csv in args.csvs:
         for r in read_rows(csv):
             if r.scenario is not None and r.measured_step_s and (not only or r.id in only):
-                rows.append(FitRow(r.id, r.scenario, r.measured_step_s, r.source))
+                rows.append(FitRow(r.id, r.scenario, r.measured_step_s, r.source, r.alternatives))
     unknown = only - {r.id for r in rows}
     if unknown:
         raise InputError(CLI, "--only", f"{', '.join(sorted(unknown))}: no usable row with that id")

@@ -47,6 +47,13 @@ class FitRow:
     scenario: Scenario
     measured_s: float
     group: str = ""          # engine / source label for the report
+    # other scenarios the row may describe (an unstated micro-batch: every one that fits,
+    # sim.studies.published_micro); its prediction is the fastest of them and `scenario`
+    alternatives: tuple[Scenario, ...] = ()
+
+    @property
+    def variants(self) -> tuple[Scenario, ...]:
+        return (self.scenario,) + tuple(a for a in self.alternatives if a is not self.scenario)
 
 
 @dataclass
@@ -61,17 +68,22 @@ class FitResult:
 
 
 _ROWS: list[FitRow] = []             # set before the worker pool forks
-_PLANS: dict[int, Schedule | None] = {}  # each row's schedule: the fitted parameters never change it
+_PLANS: dict[int, list[Schedule | None]] = {}  # each row's schedules (one per variant): the fitted parameters never change them
 
 
 def _simulate(job: tuple[int, tuple[Param, ...], tuple[float, ...]]) -> float:
-    """One row's step time under the parameter values (its planned schedule reused: the
-    clock parameters change op durations, never the ops)."""
+    """One row's step time under the parameter values: the fastest of its variants (their
+    planned schedules reused: the clock parameters change op durations, never the ops)."""
     i, params, values = job
-    s = applied(_ROWS[i].scenario, params, values)
-    schedule = _PLANS.get(i)
-    if schedule is None:
+    plans = _PLANS.get(i) or [None]
+    if plans[0] is None:
         return math.nan
+    times = [_step(applied(s, params, values), schedule)
+             for s, schedule in zip(_ROWS[i].variants, plans, strict=True) if schedule is not None]
+    return min((t for t in times if not math.isnan(t)), default=math.nan)
+
+
+def _step(s: Scenario, schedule: Schedule) -> float:
     try:
         engine = EventEngine(s, schedule, layout_of(s), Mode.REPRESENTATIVE)
         engine.run(1)
@@ -105,7 +117,7 @@ class Evaluator:
         global _ROWS
         _ROWS = self.rows
         _PLANS.clear()
-        _PLANS.update((i, _plan(r.scenario)) for i, r in enumerate(self.rows))
+        _PLANS.update((i, [_plan(s) for s in r.variants]) for i, r in enumerate(self.rows))
         if self.jobs > 1:
             self._pool = mp.get_context("fork").Pool(self.jobs)
         return self
@@ -184,7 +196,7 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
         x0 = [x if v is None else min(p.high, max(p.low, v))
               for p, x, v in zip(params, x0, prior_values(params, priors), strict=True)]
     with Evaluator(rows, params, jobs, progress) as ev:
-        everything = [i for i in range(len(rows)) if _PLANS[i] is not None]   # the rest: not simulated
+        everything = [i for i in range(len(rows)) if _PLANS[i][0] is not None]   # the rest: not simulated
         if progress:
             progress(f"fitting {len(params)} parameters to {len(rows)} rows")
         values = fit_rows(ev, everything, x0, iterations)

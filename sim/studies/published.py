@@ -28,6 +28,7 @@ from sim.inputs.load import scenario_from_table
 from sim.inputs.reading import read_text
 from sim.inputs.scenario import Scenario
 from sim.studies import published_layout as lay
+from sim.studies import published_micro
 from sim.studies import published_network as net
 from sim.studies.published_cells import (
     Reliability,
@@ -63,6 +64,9 @@ class PublishedRow:
     measured_step_s: float | None
     reason: str            # "" when usable, else one line
     assumptions: tuple[str, ...]
+    # with an unstated micro-batch: every micro-batch that fits, `scenario` among them; the
+    # prediction is the fastest (sim.studies.published_micro)
+    alternatives: tuple[Scenario, ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -91,9 +95,9 @@ def read_rows(path: str | Path) -> list[PublishedRow]:
 def row_from_fields(f: Mapping[str, str]) -> PublishedRow:
     """A row of the 39-column table -> PublishedRow; never raises."""
     notes: list[str] = []
-    scenario, step, reason = None, None, ""
+    scenario, step, reason, alternatives = None, None, "", ()
     try:
-        scenario, step = _build(f, notes)
+        scenario, step, alternatives = _build(f, notes)
     except _WithStep as e:
         reason, step = str(e), e.step
     except (Unusable, InputError) as e:
@@ -105,7 +109,7 @@ def row_from_fields(f: Mapping[str, str]) -> PublishedRow:
         confidence=f.get("confidence", ""), value_kind=f.get("value_kind", ""), tier=_tier(f),
         metric=f.get("metric", ""), model=" ".join(f.get("model", "").split()), scenario=scenario,
         measured_step_s=step, reason=one_line(" ".join(reason.split())),
-        assumptions=tuple(dict.fromkeys(one_line(n) for n in notes)))
+        assumptions=tuple(dict.fromkeys(one_line(n) for n in notes)), alternatives=alternatives)
 
 
 def _tier(f: Mapping[str, str]) -> str:
@@ -113,15 +117,16 @@ def _tier(f: Mapping[str, str]) -> str:
     return tier(Reliability(f.get("confidence", ""), f.get("value_kind", ""), complete))
 
 
-def _build(f: Mapping[str, str], notes: list[str]) -> tuple[Scenario, float]:
-    """The scenario and measured step of a row, or Unusable / InputError."""
+def _build(f: Mapping[str, str], notes: list[str]) -> tuple[Scenario, float, tuple[Scenario, ...]]:
+    """The scenario, measured step and micro-batch alternatives of a row, or Unusable /
+    InputError."""
     kind = classify(f.get("metric", ""), f.get("unit", ""), f.get("derived", ""))
     value = value_of(f.get("value", ""))
     step = explicit_time(kind, value, f.get("unit", ""), f.get("derived", ""))
     if kind is Kind.DERIVED:
         notes.append(f"measured step from the derived column: {quote(f.get('derived', ''), 80)}")
     try:
-        s, vocab = scenario_of(f, notes)
+        s, vocab, alternatives = _scenarios(f, notes)
     except (Unusable, InputError) as e:
         raise _WithStep(str(e), step) from None
     network = f.get("inter_node_bw", "")
@@ -129,18 +134,41 @@ def _build(f: Mapping[str, str], notes: list[str]) -> tuple[Scenario, float]:
         step = converted_time(kind, value, f.get("metric_definition", ""), s, vocab or s.model.vocab, notes)
     if "inter_node_bw" in f and net.network_unknown(network, s) and (why := net.undetermined_reason(s, step)):
         raise _WithStep(why, step)
-    return s, step
+    return s, step, alternatives
 
 
 def scenario_of(f: Mapping[str, str], notes: list[str]) -> tuple[Scenario, int]:
-    """The scenario a row describes (on its stated network) and the vocabulary its FLOP
-    count used, whatever its metric; Unusable or InputError when it cannot be expressed."""
-    table, vocab = _table(f, notes)
+    """The scenario a row describes (on its stated network; an unstated Megatron
+    micro-batch as 1) and the vocabulary its FLOP count used, whatever its metric;
+    Unusable or InputError when it cannot be expressed."""
+    table, vocab, _ = _table(f, notes)
+    return _scenario(f, table, notes), vocab
+
+
+def _scenarios(f: Mapping[str, str], notes: list[str]) -> tuple[Scenario, int, tuple[Scenario, ...]]:
+    """scenario_of, with an unstated Megatron micro-batch chosen as the fastest that fits
+    (sim.studies.published_micro), and the micro-batches that fit."""
+    table, vocab, micros = _table(f, notes)
+    s = _scenario(f, table, notes)
+    if len(micros) <= 1:
+        if micros:
+            notes.append("micro_batch 1 assumed (the row does not give it; one sequence per data-parallel rank)")
+        return s, vocab, ()
+    variants = [s] + [_scenario(f, _with_micro(table, m), []) for m in micros[1:]]
+    chosen, fitting = published_micro.fastest(variants, notes)
+    return chosen, vocab, fitting
+
+
+def _scenario(f: Mapping[str, str], table: dict[str, Any], notes: list[str]) -> Scenario:
     s = scenario_from_table(table, Path("published") / (f.get("id") or "row"), f.get("id") or "row")
     model_of(s)   # the engine's own checks (e.g. FSDP2 with tp > 1)
     if note := params_note(f, s.model):
         notes.append(note)
-    return net.apply_stated(f.get("inter_node_bw", ""), s, notes), vocab
+    return net.apply_stated(f.get("inter_node_bw", ""), s, notes)
+
+
+def _with_micro(table: dict[str, Any], micro_batch: int) -> dict[str, Any]:
+    return {**table, "training": {**table["training"], "micro_batch": micro_batch}}
 
 
 class _WithStep(Unusable):
@@ -151,8 +179,9 @@ class _WithStep(Unusable):
         self.step = step
 
 
-def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]:
-    """The scenario table of a row (docs/scenarios.md) and the vocabulary its FLOP count used."""
+def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int, list[int]]:
+    """The scenario table of a row (docs/scenarios.md), the vocabulary its FLOP count used
+    and, when the row leaves a Megatron micro-batch unstated, the micro-batches to try."""
     f = with_stated_context(f, notes)
     row_gpn = lay.row_gpus_per_node(f.get("gpus_per_node", ""), notes)
     cluster = lay.cluster_name(f.get("gpu", ""), row_gpn, notes)
@@ -203,7 +232,8 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int]
                              "training": training, "compute": compute, **choice.keys}
     if layout.gpus_per_node != cluster_gpn:
         table["gpus_per_node"] = layout.gpus_per_node
-    return table, vocab
+    micros = published_micro.candidates(glob, layout.dp) if lay.micro_unstated(f, choice.megatron) else []
+    return table, vocab, micros
 
 
 FLASH_FRAMEWORKS = r"torchtitan|llm-foundry|fms-fsdp|megatron-core|flash"

@@ -314,17 +314,23 @@ def _tokens(text: str, seq: int) -> int | None:
     return int(tokens // seq) if tokens % seq == 0 else None
 
 
+def micro_unstated(f: Mapping[str, str], megatron: bool) -> bool:
+    """A Megatron row whose micro-batch cell gives nothing: simulated at each micro-batch
+    a tuned run could use (sim.studies.published_micro)."""
+    return megatron and states_nothing(f.get("micro_batch", ""))
+
+
 def batch(f: Mapping[str, str], seq: int, dp: int, megatron: bool, notes: list[str]) -> tuple[int, int]:
-    """(micro_batch, global_batch); global must be a multiple of micro x dp."""
+    """(micro_batch, global_batch); global must be a multiple of micro x dp. A Megatron row
+    without a micro-batch gets 1 here (its other candidates: sim.studies.published_micro)."""
     micro_text, global_text = f.get("micro_batch", ""), f.get("global_batch", "")
     micro = _tokens(micro_text, seq)
     if micro is not None:
         notes.append(f"micro_batch {micro} = {quote(micro_text)} / seq_len {seq}")
     else:
         micro = integer(micro_text, "micro_batch", notes)
-    if micro is None and megatron and states_nothing(micro_text):
+    if micro is None and micro_unstated(f, megatron):
         micro = 1
-        notes.append(f"micro_batch 1 assumed (the row does not give it{': ' + quote(micro_text) if micro_text else ''})")
     if micro is None or micro <= 0:
         raise Unusable("micro_batch not given" + (f" ({quote(micro_text)})" if micro_text.strip() else ""))
     glob = _global(global_text, seq, notes)

@@ -10,10 +10,11 @@ from dataclasses import replace
 import pytest
 
 from sim.cli import main
+from sim.des.engine import Mode
 from sim.inputs.catalog import catalog_dir
 from sim.inputs.hardware import load_cluster, load_gpu
 from sim.simulate import simulate
-from sim.studies.fit import FitRow, fit, folds_of
+from sim.studies.fit import Evaluator, FitRow, fit, folds_of
 from sim.studies.fit_params import applied, chip, parameters, rewrite_toml
 from tests.crosscheck.scenarios import tiny
 
@@ -125,3 +126,15 @@ def test_parts_on_one_die_share_the_chip_parameters():
     names = {chip(load_gpu(gpus / f)) for f in ("h100-sxm5-80g.toml", "h100-sxm-96g-hbm2e.toml", "h200-sxm-141g.toml")}
     assert names == {"H100"}
     assert chip(load_gpu(gpus / "a100-sxm4-40g.toml")) == chip(load_gpu(gpus / "a100-sxm4-80g.toml")) == "A100"
+
+
+def test_a_row_with_variants_is_predicted_by_the_fastest():
+    """An unstated micro-batch (sim.studies.published_micro): the row's prediction is the
+    fastest of its variants under the parameters tried, so the choice follows the clock."""
+    slow, fast = tiny("ddp", seq_len=2048, micro_batch=4), tiny("ddp", seq_len=512, micro_batch=2)
+    t_slow, t_fast = (simulate(v, steps=1, mode=Mode.REPRESENTATIVE).step_time_s for v in (slow, fast))
+    assert t_fast != t_slow
+    row = FitRow("V", slow, 1.0, alternatives=(slow, fast))
+    assert row.variants == (slow, fast)
+    with Evaluator([row], [], jobs=1) as ev:
+        assert ev.predict([0], [])[0] == pytest.approx(min(t_slow, t_fast), rel=1e-9)

@@ -2,7 +2,8 @@
 
 Rows from shared/validation (skipped when that folder is absent) and synthetic rows in the
 same formats; only Scenario objects are built, and the DES runs only for rows whose unknown
-network may decide their step (sim.studies.published_network)."""
+network may decide their step (sim.studies.published_network) and Megatron rows without a
+micro-batch (sim.studies.published_micro)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ import pytest
 from sim.analytic.compute import korthikanti_model_flops, megatron_flops_per_iteration
 from sim.core.enums import Engine, Recompute
 from sim.core.errors import InputError
+from sim.des.engine import Mode
 from sim.inputs.models import model_from_table
+from sim.simulate import simulate
+from sim.studies import published_micro
 from sim.studies import published_network as net
 from sim.studies.published import read_rows, row_from_fields
 from sim.studies.published_cells import Reliability, number, tier
@@ -77,9 +81,36 @@ def test_vp001_is_a_32_gpu_megatron_data_parallel_run_of_3_53_s(shared_rows):
     assert s.world_size == 32 and (s.parallel.tp, s.parallel.pp, s.parallel.dp) == (1, 1, 32)
     assert s.engine is Engine.MEGATRON and s.training.recompute is Recompute.FULL
     assert s.megatron is not None and not s.megatron.distributed_optimizer and not s.megatron.overlap_grad_reduce
-    assert (s.training.micro_batch, s.training.global_batch, s.training.grad_accum) == (1, 512, 16)
+    assert s.training.global_batch == 512 and s.training.micro_batch * s.training.grad_accum == 16
     assert r.measured_step_s == pytest.approx(3.53)
-    assert any("micro_batch 1 assumed" in a for a in r.assumptions)
+    # the micro-batch is not stated: every power of two that divides the 16 sequences per rank
+    assert [v.training.micro_batch for v in r.alternatives] == [1, 2, 4, 8]
+    assert any(f"micro_batch {s.training.micro_batch} assumed" in a for a in r.assumptions)
+
+
+@needs_data
+def test_an_unstated_micro_batch_is_the_fastest_that_fits(shared_rows):
+    """VP054 (32B, tp 8, 48-way data parallel, 4 sequences per rank): at micro-batch 1 the
+    fp32 gradient reduce-scatter has a quarter of the backward to hide behind, at 4 all of
+    it; the row is predicted at the fastest micro-batch that fits, chosen without the
+    published value. VP057 (pp 6): micro-batch 4 does not fit in 80 GB, so it is not a
+    candidate."""
+    r = shared_rows["VP054"]
+    steps = {v.training.micro_batch: simulate(v, steps=1, mode=Mode.REPRESENTATIVE).step_time_s
+             for v in r.alternatives}
+    assert set(steps) == {1, 2, 4}
+    assert r.scenario.training.micro_batch == min(steps, key=steps.__getitem__)
+    assert steps[1] > 1.1 * min(steps.values())
+    assert [v.training.micro_batch for v in shared_rows["VP057"].alternatives] == [1, 2]
+    assert any("4: out of memory" in a for a in shared_rows["VP057"].assumptions)
+    assert not shared_rows["VP431"].alternatives          # torchtitan states its batch
+
+
+def test_micro_batch_candidates_are_powers_of_two_dividing_the_rank_batch():
+    assert published_micro.candidates(192, 48) == [1, 2, 4]
+    assert published_micro.candidates(2304, 24) == [1, 2, 4, 8]     # 96 per rank, capped at 8
+    assert published_micro.candidates(48, 48) == [1]
+    assert published_micro.candidates(72, 24) == [1]                 # 3 per rank
 
 
 @needs_data
