@@ -95,7 +95,8 @@ def read_rows(path: str | Path) -> list[PublishedRow]:
 def row_from_fields(f: Mapping[str, str]) -> PublishedRow:
     """A row of the 39-column table -> PublishedRow; never raises."""
     notes: list[str] = []
-    scenario, step, reason, alternatives = None, None, "", ()
+    scenario, step, reason = None, None, ""
+    alternatives: tuple[Scenario, ...] = ()
     try:
         scenario, step, alternatives = _build(f, notes)
     except _WithStep as e:
