@@ -14,7 +14,8 @@ released unless used again within `max_reuse_distance` elements of trace. Gradie
 the IPG bucket (flush on overflow of `reduce_bucket_size`), each bucket one
 reduce_scatter_tensor on the reduce stream, at most two in flight before the host waits.
 The step runs Adam on this rank's partition (or CPU-Adam with offload) and all-gathers
-the persistent parameters; no other parameter gather follows the step. The host slices
+the persistent parameters, one collective per tensor, then synchronizes the device; no
+other parameter gather follows the step. The host slices
 per rank in Python: the first wait on a coalesced gather of several tensors unpacks it
 (dp pieces per tensor, and a torch.cat copy on the compute stream), and each bucket's
 reduce-scatter packs dp pieces per tensor (HostSpec.zero3_rank_piece). Not simulated: the
@@ -32,7 +33,6 @@ from sim.analytic import kernels as kn
 from sim.analytic.comm import tensor_padded
 from sim.analytic.placement import TensorGroup
 from sim.core.enums import Axis, Coll, OffloadDevice, ScheduleMode, ZeroStage
-from sim.core.specs import IntraNodeTopology
 from sim.engines.buckets import DeepSpeedBucket
 from sim.engines.deepspeed_zero12 import deepspeed_dp_volume, no_partitioned_gradients_with_pipelines
 from sim.engines.layout import Layout
@@ -398,14 +398,15 @@ class Zero3Planner(Planner):
                   for o, j in sorted(self.persistent, key=self._tensor_order)]
         if not padded:
             return
-        if self.s.cluster.node.intra_topology is IntraNodeTopology.SHARED_MEMORY:
-            # a "synchronized device" (DeepSpeed's CPU accelerator) gathers them one by one
-            for numel in padded:
-                self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * numel, "all-gather persistent parameter",
-                                Phase.STEP, self.boundary, purpose="post-step")
-        else:
-            self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * sum(padded),
-                            "all-gather persistent parameters", Phase.STEP, self.boundary, purpose="post-step")
+        # `_post_step` -> `all_gather(persistent_parameters)` -> `_allgather_params_coalesced`,
+        # which despite its name launches one all_gather_into_tensor per parameter (each
+        # paying the ring's latency, which grows with dp), then synchronizes the device
+        # (partition_parameters.py, v0.6.2 to v0.19)
+        last = None
+        for numel in padded:
+            last = self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * numel, "all-gather persistent parameter",
+                                   Phase.STEP, self.boundary, purpose="post-step")
+        self.b.host_sync(last)
 
     def _write_back_parameters(self, step: OpRef, shard: float) -> None:
         """Parameters offloaded with the optimizer on the GPU: `_reassign_or_swap_out_partitioned_parameters`
