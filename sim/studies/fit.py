@@ -63,6 +63,7 @@ class FitResult:
     values: list[float]
     predicted: dict[str, float]                    # in-sample, by row id
     cross_validated: dict[str, float] = field(default_factory=dict)
+    chosen: dict[str, Scenario] = field(default_factory=dict)   # in-sample: the fastest variant of a row with several
     fold_values: list[list[float]] = field(default_factory=list)
     simulations: int = 0
 
@@ -71,16 +72,17 @@ _ROWS: list[FitRow] = []             # set before the worker pool forks
 _PLANS: dict[int, list[Schedule | None]] = {}  # each row's schedules (one per variant): the fitted parameters never change them
 
 
-def _simulate(job: tuple[int, tuple[Param, ...], tuple[float, ...]]) -> float:
-    """One row's step time under the parameter values: the fastest of its variants (their
-    planned schedules reused: the clock parameters change op durations, never the ops)."""
+def _simulate(job: tuple[int, tuple[Param, ...], tuple[float, ...]]) -> tuple[float, int]:
+    """One row's step time under the parameter values and which variant gave it: the
+    fastest of its variants (their planned schedules reused: the clock parameters change op
+    durations, never the ops)."""
     i, params, values = job
     plans = _PLANS.get(i) or [None]
     if plans[0] is None:
-        return math.nan
-    times = [_step(applied(s, params, values), schedule)
-             for s, schedule in zip(_ROWS[i].variants, plans, strict=True) if schedule is not None]
-    return min((t for t in times if not math.isnan(t)), default=math.nan)
+        return math.nan, 0
+    times = [(_step(applied(s, params, values), schedule), k)
+             for k, (s, schedule) in enumerate(zip(_ROWS[i].variants, plans, strict=True)) if schedule is not None]
+    return min(((t, k) for t, k in times if not math.isnan(t)), default=(math.nan, 0))
 
 
 def _step(s: Scenario, schedule: Schedule) -> float:
@@ -109,6 +111,7 @@ class Evaluator:
         self.rows, self.params, self.jobs = list(rows), list(params), jobs
         self.deps = [tuple(j for j, p in enumerate(params) if p.applies(r.scenario)) for r in rows]
         self.cache: dict[tuple[int, tuple[float, ...]], float] = {}
+        self.variant: dict[tuple[int, tuple[float, ...]], int] = {}   # the fastest variant's index
         self.progress = progress
         self.simulations = 0
         self._pool: mp.pool.Pool | None = None
@@ -129,12 +132,17 @@ class Evaluator:
     def _key(self, i: int, x: Sequence[float]) -> tuple[int, tuple[float, ...]]:
         return i, tuple(round(float(x[j]), 12) for j in self.deps[i])
 
+    def chosen(self, i: int, x: Sequence[float]) -> Scenario:
+        """The variant of row `i` that `predict` timed under `x` (after predicting it)."""
+        return self.rows[i].variants[self.variant.get(self._key(i, x), 0)]
+
     def predict(self, idx: Sequence[int], x: Sequence[float]) -> np.ndarray:
         keys = [self._key(i, x) for i in idx]
         todo = sorted({k for k in keys if k not in self.cache})
         jobs = [(i, tuple(self.params[j] for j in self.deps[i]), vals) for i, vals in todo]
-        times = self._pool.map(_simulate, jobs, chunksize=1) if self._pool else [_simulate(j) for j in jobs]
-        self.cache.update(zip(todo, times, strict=True))
+        done = self._pool.map(_simulate, jobs, chunksize=1) if self._pool else [_simulate(j) for j in jobs]
+        self.cache.update(zip(todo, (t for t, _ in done), strict=True))
+        self.variant.update(zip(todo, (k for _, k in done), strict=True))
         self.simulations += len(jobs)
         if self.progress and jobs:
             self.progress(f"{len(jobs)} simulations ({self.simulations} in all)")
@@ -201,7 +209,8 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
             progress(f"fitting {len(params)} parameters to {len(rows)} rows")
         values = fit_rows(ev, everything, x0, iterations)
         predicted = dict(zip((rows[i].id for i in everything), ev.predict(everything, values).tolist(), strict=True))
-        result = FitResult(params, x0, values, predicted)
+        result = FitResult(params, x0, values, predicted,
+                           chosen={rows[i].id: ev.chosen(i, values) for i in everything if rows[i].alternatives})
         if folds > 1:
             for f, fold in enumerate(folds_of(rows, folds)):
                 test = [i for i in fold if i in everything]

@@ -35,7 +35,7 @@ def table(rows: Sequence[FitRow], result: FitResult) -> pd.DataFrame:
     cross-validated predictions and errors (NaN where not simulated)."""
     out = []
     for r in rows:
-        s = r.scenario
+        s = result.chosen.get(r.id, r.scenario)      # an unstated micro-batch: the fitted clock's fastest
         p = s.parallel
         fit_s = result.predicted.get(r.id, math.nan)
         cv_s = result.cross_validated.get(r.id, math.nan)

@@ -138,3 +138,4 @@ def test_a_row_with_variants_is_predicted_by_the_fastest():
     assert row.variants == (slow, fast)
     with Evaluator([row], [], jobs=1) as ev:
         assert ev.predict([0], [])[0] == pytest.approx(min(t_slow, t_fast), rel=1e-9)
+        assert ev.chosen(0, []) is (fast if t_fast < t_slow else slow)
