@@ -49,3 +49,14 @@ def test_the_host_pays_the_pieces_at_the_piece_rate(nodes):
 def test_more_ranks_cost_the_host_more_slicing_per_step():
     small, large = (sum(op.pieces for op in simulate(zero3(n)).schedule.ops(0)) for n in (1, 2))
     assert large == pytest.approx(2 * small, rel=0.05)
+
+
+def test_persistent_parameters_are_gathered_one_collective_each_after_the_step():
+    """`_post_step` -> `_allgather_params_coalesced`: one all_gather_into_tensor per
+    persistent parameter, then a device synchronize (the step's end, where every stream
+    and the host meet), on GPU clusters as on the CPU one."""
+    r = simulate(zero3(2))
+    planner = planner_for(r.scenario, layout_of(r.scenario))
+    post = [op for op in r.schedule.ops(0) if isinstance(op, Collective) and op.purpose == "post-step"]
+    assert len(planner.persistent) > 1 and len(post) == len(planner.persistent)
+    assert max(op.id for op in r.schedule.ops(0)) == post[-1].id     # nothing follows them in the step
