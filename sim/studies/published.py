@@ -153,7 +153,8 @@ def _scenarios(f: Mapping[str, str], notes: list[str]) -> tuple[Scenario, int, t
     s = _scenario(f, table, notes)
     if len(micros) <= 1:
         if micros:
-            notes.append("micro_batch 1 assumed (the row does not give it; one sequence per data-parallel rank)")
+            notes.append(f"micro_batch 1 assumed (the row does not give it; no larger power of two divides its "
+                         f"{s.training.global_batch // s.parallel.dp} sequences per data-parallel rank)")
         return s, vocab, ()
     variants = [s] + [_scenario(f, _with_micro(table, m), []) for m in micros[1:]]
     chosen, fitting = published_micro.fastest(variants, notes)
