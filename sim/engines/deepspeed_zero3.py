@@ -401,12 +401,11 @@ class Zero3Planner(Planner):
         # `_post_step` -> `all_gather(persistent_parameters)` -> `_allgather_params_coalesced`,
         # which despite its name launches one all_gather_into_tensor per parameter (each
         # paying the ring's latency, which grows with dp), then synchronizes the device
-        # (partition_parameters.py, v0.6.2 to v0.19)
-        last = None
+        # (partition_parameters.py, v0.6.2 to v0.19): the step's end, where the host and
+        # every stream meet in the DES anyway
         for numel in padded:
-            last = self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * numel, "all-gather persistent parameter",
-                                   Phase.STEP, self.boundary, purpose="post-step")
-        self.b.host_sync(last)
+            self.collective(Stream.COMPUTE, Coll.ALL_GATHER, self.h * numel, "all-gather persistent parameter",
+                            Phase.STEP, self.boundary, purpose="post-step")
 
     def _write_back_parameters(self, step: OpRef, shard: float) -> None:
         """Parameters offloaded with the optimizer on the GPU: `_reassign_or_swap_out_partitioned_parameters`

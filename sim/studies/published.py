@@ -194,7 +194,7 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int,
     model, vocab = model_table(f, seq, layout.tp, choice.megatron, notes)
     prec = precision(f.get("precision", ""), notes)
     rec = recompute(f.get("act_ckpt", ""), notes)
-    micro, glob = lay.batch(f, seq, layout.dp, choice.megatron, notes)
+    micro, glob, micro_assumed = lay.batch(f, seq, layout.dp, choice.megatron, notes)
     chunks = _schedule_notes(f, layout.pp, choice.family == "megatron", notes)
     parallel: dict[str, Any] = {"tp": layout.tp, "pp": layout.pp,
                                 **lay.stage_split(f, model["layers"] if isinstance(model, dict) else 0, layout.pp, notes)}
@@ -234,7 +234,7 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int,
                              "training": training, "compute": compute, **choice.keys}
     if layout.gpus_per_node != cluster_gpn:
         table["gpus_per_node"] = layout.gpus_per_node
-    micros = published_micro.candidates(glob, layout.dp) if lay.micro_unstated(f, choice.megatron) else []
+    micros = published_micro.candidates(glob, layout.dp) if micro_assumed else []
     return table, vocab, micros
 
 

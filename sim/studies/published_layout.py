@@ -314,22 +314,18 @@ def _tokens(text: str, seq: int) -> int | None:
     return int(tokens // seq) if tokens % seq == 0 else None
 
 
-def micro_unstated(f: Mapping[str, str], megatron: bool) -> bool:
-    """A Megatron row whose micro-batch cell gives nothing: simulated at each micro-batch
-    a tuned run could use (sim.studies.published_micro)."""
-    return megatron and states_nothing(f.get("micro_batch", ""))
-
-
-def batch(f: Mapping[str, str], seq: int, dp: int, megatron: bool, notes: list[str]) -> tuple[int, int]:
-    """(micro_batch, global_batch); global must be a multiple of micro x dp. A Megatron row
-    without a micro-batch gets 1 here (its other candidates: sim.studies.published_micro)."""
+def batch(f: Mapping[str, str], seq: int, dp: int, megatron: bool, notes: list[str]) -> tuple[int, int, bool]:
+    """(micro_batch, global_batch, micro-batch assumed); global must be a multiple of micro x
+    dp. A Megatron row whose micro-batch cell gives nothing gets 1 here, marked assumed (its
+    other candidates: sim.studies.published_micro)."""
     micro_text, global_text = f.get("micro_batch", ""), f.get("global_batch", "")
     micro = _tokens(micro_text, seq)
     if micro is not None:
         notes.append(f"micro_batch {micro} = {quote(micro_text)} / seq_len {seq}")
     else:
         micro = integer(micro_text, "micro_batch", notes)
-    if micro is None and micro_unstated(f, megatron):
+    assumed = micro is None and megatron and states_nothing(micro_text)
+    if assumed:
         micro = 1
     if micro is None or micro <= 0:
         raise Unusable("micro_batch not given" + (f" ({quote(micro_text)})" if micro_text.strip() else ""))
@@ -341,7 +337,7 @@ def batch(f: Mapping[str, str], seq: int, dp: int, megatron: bool, notes: list[s
         notes.append(f"global_batch not given: micro_batch x dp = {glob} (no accumulation) assumed")
     if glob % (micro * dp):
         raise Unusable(f"global_batch {glob} is not a multiple of micro_batch {micro} x dp {dp}")
-    return micro, glob
+    return micro, glob, assumed
 
 
 def _global(text: str, seq: int, notes: list[str]) -> int | None:
