@@ -164,7 +164,8 @@ def ds_offload(text: str, stage: int, notes: list[str]) -> dict[str, Any]:
 
 
 _ZERO_KNOBS = ("reduce_bucket_size", "allgather_bucket_size", "zero_hpz_partition_size", "overlap_comm",
-               "contiguous_gradients", "reduce_scatter", "zero_quantized_weights", "zero_quantized_gradients")
+               "contiguous_gradients", "reduce_scatter", "zero_quantized_weights", "zero_quantized_gradients",
+               "max_live_parameters", "max_reuse_distance")
 
 
 def zero_knobs(other: str, framework: str, gpn: int) -> dict[str, Any]:

@@ -290,6 +290,23 @@ def test_what_a_source_states_elsewhere_joins_other_config_with_its_source():
     assert all(text and len(where) > 40 for text, where in STATED_ELSEWHERE.values())   # every entry cites
 
 
+
+def test_a_publication_s_launch_recipe_sets_the_zero_keys_of_its_rows():
+    """The DeepSpeed-on-Azure post's rows run with its recipe's ds_config (Megatron-DeepSpeed
+    examples_deepspeed/azure): a 9e7 reduce bucket and 3e9 live / reuse elements, where
+    DeepSpeed's defaults are 5e8 and 1e9; a row of another source keeps the defaults."""
+    from sim.studies.published_context import STATED_BY_SOURCE, with_stated_context
+    from sim.studies.published_layout import zero_knobs
+    notes: list[str] = []
+    row = {"id": "VPX", "source_url": "https://www.deepspeed.ai/2022/07/26/deepspeed-azure.html", "other_config": ""}
+    read = with_stated_context(row, notes)
+    assert zero_knobs(read["other_config"], "DeepSpeed", 8) == {
+        "reduce_bucket_size": 90_000_000, "max_live_parameters": 3_000_000_000, "max_reuse_distance": 3_000_000_000}
+    assert len(notes) == 1 and "run-175b.sh" in notes[0]
+    other = {"id": "VPY", "source_url": "https://arxiv.org/abs/2104.04473", "other_config": ""}
+    assert with_stated_context(other, notes) == other and len(notes) == 1
+    assert all(text and len(where) > 40 for text, where in STATED_BY_SOURCE.values())
+
 def test_cells_and_tiers():
     notes: list[str] = []
     assert number("18K (18432)", "hidden", notes) == 18432 and number("4K", "hidden", notes) == 4096
