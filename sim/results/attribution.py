@@ -53,6 +53,7 @@ class TimeBreakdown:
     exposed_by_kind: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     exposed_by_layer: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     exposed_by_class: dict[str, float] = field(default_factory=lambda: defaultdict(float))   # op_class
+    exposed_comm_by_purpose: dict[str, float] = field(default_factory=lambda: defaultdict(float))   # Collective.purpose
 
     def blame(self, op: AnyOp, seconds: float) -> None:
         """Attribute `seconds` of the compute stream to `op`."""
@@ -73,6 +74,7 @@ class TimeBreakdown:
             assert isinstance(op, Collective)
             self.exposed_comm_s += seconds
             self.exposed_by_kind[f"{op.coll} ({op.purpose})" if op.purpose else str(op.coll)] += seconds
+            self.exposed_comm_by_purpose[op.purpose] += seconds
             self.exposed_by_layer["-" if op.layer is None else str(op.layer)] += seconds
 
     @property

@@ -105,7 +105,7 @@ def class_times(result: SimulationResult, hideable: bool = False) -> list[ClassT
             intervals.setdefault(kind, []).append((sp.start, sp.end))
     exposed = dict(result.breakdown.exposed_by_class)
     if hideable:
-        after_step = sum(s for kind, s in result.breakdown.exposed_by_kind.items() if kind.endswith(f"({POST_STEP})"))
+        after_step = result.breakdown.exposed_comm_by_purpose.get(POST_STEP, 0.0)
         exposed["parameter gathers"] = max(0.0, exposed.get("parameter gathers", 0.0) - after_step)
     return [ClassTime(k, _union(intervals.get(k, [])), exposed.get(k, 0.0)) for k in CLASSES
             if intervals.get(k) or exposed.get(k, 0.0) > 0]

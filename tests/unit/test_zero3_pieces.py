@@ -60,3 +60,13 @@ def test_persistent_parameters_are_gathered_one_collective_each_after_the_step()
     post = [op for op in r.schedule.ops(0) if isinstance(op, Collective) and op.purpose == "post-step"]
     assert len(planner.persistent) > 1 and len(post) == len(planner.persistent)
     assert max(op.id for op in r.schedule.ops(0)) == post[-1].id     # nothing follows them in the step
+
+
+def test_the_exposed_time_of_each_collective_purpose_adds_up_to_the_exposed_communication():
+    """TimeBreakdown.exposed_comm_by_purpose: what `zerosim explain` takes the post-step
+    gathers' exposure from (they run after the step's last compute, so some is exposed)."""
+    b = simulate(zero3(2)).breakdown
+    assert sum(b.exposed_comm_by_purpose.values()) == pytest.approx(b.exposed_comm_s)
+    assert b.exposed_comm_by_purpose["post-step"] > 0
+    assert b.exposed_comm_by_purpose["post-step"] == pytest.approx(
+        sum(s for kind, s in b.exposed_by_kind.items() if kind.endswith("(post-step)")))
