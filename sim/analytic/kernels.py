@@ -90,17 +90,20 @@ class Passes:
 
 
 def linear(name: str, tokens: int, n: int, k: int, *, bias: bool, value_bytes: int, float8: bool = False,
-           cast_input: bool = True) -> Passes:
+           cast_input: bool = True, input_share: float = 1.0, grad_share: float = 1.0) -> Passes:
     """Y = X W^T (+ b): forward GEMM (tokens x n x k), input gradient dX = dY W
     (tokens x k x n), weight gradient dW = dY^T X (n x k x tokens), and the bias gradient,
     a reduction of dY over the tokens. The forward bias rides in the GEMM's epilogue.
     `float8`: torchao's Float8Linear (`float8_linear`) runs the three GEMMs on fp8
     operands, after casting each operand (`cast_input` False: another Linear's cast of the
-    same input is reused)."""
+    same input is reused; `input_share`, `grad_share`: the share of X and of dY the rank
+    casts itself, as under float8 tensor parallelism, which casts a sequence shard and
+    all-gathers the fp8 values)."""
     if tokens <= 0 or n <= 0 or k <= 0:
         return Passes()
     if float8:
-        return float8_linear(name, tokens, n, k, bias=bias, value_bytes=value_bytes, cast_input=cast_input)
+        return float8_linear(name, tokens, n, k, bias=bias, value_bytes=value_bytes, cast_input=cast_input,
+                             input_share=input_share, grad_share=grad_share)
     weight: tuple[Kernel, ...] = (gemm(f"{name} dW", n, k, tokens, value_bytes=value_bytes),)
     if bias:
         weight += (memory(f"{name} db", value_bytes * tokens * n),)
@@ -115,7 +118,7 @@ def fp8_gemm(name: str, m: int, n: int, k: int, out_bytes: int) -> Kernel:
 
 
 def float8_linear(name: str, tokens: int, n: int, k: int, *, bias: bool, value_bytes: int,
-                  cast_input: bool = True) -> Passes:
+                  cast_input: bool = True, input_share: float = 1.0, grad_share: float = 1.0) -> Passes:
     """torchao Float8Linear with dynamic tensorwise scaling (torchao/float8/float8_linear.py,
     the recipe torchtitan's `float8` option enables): each GEMM operand is scaled by its
     absolute maximum and cast to fp8 first, an amax reduction (read the tensor) and a cast
@@ -127,11 +130,12 @@ def float8_linear(name: str, tokens: int, n: int, k: int, *, bias: bool, value_b
     casts: Inductor eliminates the identical subexpressions (`cast_input` False)."""
     v = value_bytes
 
-    def cast(what: str, elements: int, layouts: int = 1) -> Kernel:
+    def cast(what: str, elements: float, layouts: int = 1) -> Kernel:
         return memory(f"{name} {what} to fp8", (2 * v + layouts) * elements)
-    forward: tuple[Kernel, ...] = (cast("X", tokens * k),) if cast_input else ()
+    forward: tuple[Kernel, ...] = (cast("X", input_share * tokens * k),) if cast_input else ()
     forward += (cast("W", n * k), fp8_gemm(name, tokens, n, k, v))
-    backward_input = (cast("dY", tokens * n, 2), cast("W^T", n * k), fp8_gemm(f"{name} dX", tokens, k, n, v))
+    backward_input = (cast("dY", grad_share * tokens * n, 2), cast("W^T", n * k),
+                      fp8_gemm(f"{name} dX", tokens, k, n, v))
     backward_weight: tuple[Kernel, ...] = (cast("X^T", tokens * k),) if cast_input else ()
     backward_weight += (fp8_gemm(f"{name} dW", n, k, tokens, v),)
     if bias:

@@ -27,7 +27,7 @@ from sim.engines.policies import OptimizerPlacement, Part, pipeline_order
 from sim.engines.resident import Resident
 from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, PipeTag, Schedule, Stream
 from sim.engines.uses import B, F, R, Use
-from sim.engines.workload import EMBEDDINGS, Unit, blocks, shape_of, units
+from sim.engines.workload import EMBEDDINGS, Unit, blocks, float8_tp, shape_of, units
 from sim.inputs.scenario import Scenario
 
 
@@ -288,16 +288,19 @@ class Planner(Checkpointing):
         all-reduces of s b h forward and two backward (one after attention, one after the
         MLP; the embedding one forward), on the compute stream, nothing overlapped. With
         sequence parallelism (Korthikanti et al. Sec. 4.2) each becomes an all-gather plus
-        a reduce-scatter of the same volume."""
+        a reduce-scatter of the same volume. A block's all-gathers carry fp8 values under
+        torchtitan's Float8 tensor parallelism (sim.engines.workload.float8_tp)."""
         if self.layout.tp == 1:
             return None
-        nbytes = self.elem(self.half) * self.t.seq_len * self.t.micro_batch * self.m.hidden
+        elements = self.t.seq_len * self.t.micro_batch * self.m.hidden
+        nbytes = self.elem(self.half) * elements
+        gather_bytes = float(elements) if count == 2 and float8_tp(self.s) else nbytes
         phase = Phase.FWD if use.what is F else Phase.BWD
         layer = self.granules[use.index].block
         last = None
         for _ in range(count):
             if self.s.parallel.sequence_parallel:
-                self.collective(Stream.COMPUTE, Coll.ALL_GATHER, nbytes, "TP all-gather", phase, use.micro_step,
+                self.collective(Stream.COMPUTE, Coll.ALL_GATHER, gather_bytes, "TP all-gather", phase, use.micro_step,
                                 axis=Axis.TP, layer=layer, purpose="tensor parallel")
                 last = self.collective(Stream.COMPUTE, Coll.REDUCE_SCATTER, nbytes, "TP reduce-scatter", phase,
                                        use.micro_step, axis=Axis.TP, layer=layer, purpose="tensor parallel")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from sim.analytic import kernels as kn
 from sim.analytic import op_sac
 from sim.analytic.kernels import AttentionImpl, Kernel, KernelStyle, Passes
-from sim.core.enums import Float8Recipe
+from sim.core.enums import Engine, Float8Recipe
 from sim.core.model import Family, ModelSpec, ModuleSpec, Norm, Place, Position, Role, module_tree
 from sim.core.units import BYTES_PER_ELEMENT
 
@@ -78,6 +78,7 @@ class Shape:
     attention: AttentionImpl = AttentionImpl.FLASH
     sequence_parallel: bool = False
     float8: bool = False              # the blocks' Linears as torchao Float8Linear (sim.analytic.kernels)
+    float8_tp: bool = False           # torchao's float8 TP styles: fp8 casts on the sequence shard (float8_tp)
 
     @property
     def tokens(self) -> int:
@@ -100,7 +101,19 @@ def shape_of(s: Scenario, tp: int) -> Shape:
     """The Shape of a scenario's micro-batch on a TP group of `tp` ranks."""
     t, c = s.training, s.compute
     return Shape(t.seq_len, t.micro_batch, tp, BYTES_PER_ELEMENT[t.precision.value], c.kernels, c.attention,
-                 s.parallel.sequence_parallel, c.float8 is not Float8Recipe.NONE)
+                 s.parallel.sequence_parallel, c.float8 is not Float8Recipe.NONE, tp > 1 and float8_tp(s))
+
+
+def float8_tp(s: Scenario) -> bool:
+    """torchtitan with Float8 linears and sequence-parallel TP applies torchao's float8 TP
+    styles (torchao/float8/float8_tensor_parallel.py: Float8ColwiseParallel,
+    Float8RowwiseParallel, PrepareFloat8ModuleInput): the input of the attention and of the
+    MLP is cast to fp8 on its sequence shard and all-gathered in fp8, and the gradient of
+    each row-parallel output is cast to fp8 on its shard before its backward all-gather;
+    the reduce-scatters (forward outputs, backward input gradients) stay bf16. Only DTensor
+    TP does this, so the torch engines; the embedding and the output head are not Float8."""
+    return s.compute.float8 is not Float8Recipe.NONE and s.parallel.sequence_parallel \
+        and s.engine in (Engine.FSDP2, Engine.DDP)
 
 
 @lru_cache(maxsize=16)
@@ -200,11 +213,12 @@ def _linear_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:
         shared = shape.style is KernelStyle.TORCH_COMPILE and leaf in SHARED_INPUT_LINEARS \
             and (leaf != "up_proj" or m.gated_mlp)
         return kn.linear(mod.name, tokens, -(-out_features // tp), in_features, bias=bias, value_bytes=v, float8=f8,
-                         cast_input=not shared)
+                         cast_input=not shared, input_share=1 / tp if shape.float8_tp else 1.0)
     if mod.place is Place.ROUTER:
         return kn.linear(mod.name, tokens, out_features, in_features, bias=bias, value_bytes=v)
     if mod.place in (Place.ATTN_OUT, Place.FFN_OUT):
-        gemm = kn.linear(mod.name, tokens, out_features, -(-in_features // tp), bias=bias, value_bytes=v, float8=f8)
+        gemm = kn.linear(mod.name, tokens, out_features, -(-in_features // tp), bias=bias, value_bytes=v, float8=f8,
+                         grad_share=1 / tp if shape.float8_tp else 1.0)
         parts = [gemm]
         if mod.place is Place.FFN_OUT:
             act = kn.activation(mod.name, tokens * -(-in_features // tp), style, m.gated_mlp,

@@ -228,8 +228,7 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int,
         training["delayed_parameter_update"] = True
     compute = _compute(f, cluster, choice.megatron, notes)
     if "float8" in compute and layout.tp > 1:
-        notes.append("torchtitan's float8 TP styles (fp8 all-gathers into column-parallel Linears) not modelled: "
-                     "TP all-gathers in bf16")
+        notes.append("torchtitan's float8 TP styles: TP all-gathers in fp8, reduce-scatters in bf16")
     table: dict[str, Any] = {"model": model, "cluster": cluster, "nodes": layout.nodes, "parallel": parallel,
                              "training": training, "compute": compute, **choice.keys}
     if layout.gpus_per_node != cluster_gpn:

@@ -100,3 +100,30 @@ def test_float8_is_refused_where_it_cannot_run_or_is_not_modelled(write_scenario
     with pytest.raises(InputError, match="compute.float8") as e:
         scenario(write_scenario, **kwargs)
     assert says in str(e.value)
+
+
+def test_float8_tensor_parallelism_gathers_fp8_and_casts_the_sequence_shard(write_scenario):
+    """torchao's float8 TP styles (Float8ColwiseParallel, Float8RowwiseParallel,
+    PrepareFloat8ModuleInput): a block's TP all-gathers carry 1 byte per element, its
+    reduce-scatters stay bf16; the column-parallel input and the row-parallel output
+    gradient are cast on their 1/tp sequence shard."""
+    from sim.engines.schedule import Collective
+    from sim.engines.workload import float8_tp
+    tp_text = "[parallel]\ntp = 2\nsequence_parallel = true\n"
+
+    def block_bytes(float8: str) -> dict[str, set[float]]:
+        s = load_scenario(write_scenario(SCENARIO.format(cluster="dgx-h100", precision="bf16",
+                                                         kernels="torch-compile", float8=float8) + tp_text))
+        ops = [op for op in simulate(s).schedule.ops(0) if isinstance(op, Collective)
+               and op.purpose == "tensor parallel" and op.layer == 3]
+        return {c: {op.nbytes for op in ops if op.coll.value == c} for c in ("all_gather", "reduce_scatter")}
+    f8, bf16 = block_bytes("tensorwise"), block_bytes("none")
+    assert f8["reduce_scatter"] == bf16["reduce_scatter"] and len(bf16["all_gather"]) == 1
+    assert f8["all_gather"] == {next(iter(bf16["all_gather"])) / 2}
+    full, shard = (linear("w", 8192, 2048, 4096, bias=False, value_bytes=2, float8=True, input_share=share,
+                          grad_share=share) for share in (1.0, 0.5))
+    cast = {k.name: k.bytes for k in full.forward + full.backward_input}
+    cast_shard = {k.name: k.bytes for k in shard.forward + shard.backward_input}
+    assert cast_shard["w X to fp8"] == cast["w X to fp8"] / 2 and cast_shard["w dY to fp8"] == cast["w dY to fp8"] / 2
+    assert cast_shard["w W to fp8"] == cast["w W to fp8"]
+    assert not float8_tp(scenario(write_scenario))          # no TP: nothing to gather
