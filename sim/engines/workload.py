@@ -81,6 +81,12 @@ class Shape:
     float8_tp: bool = False           # torchao's float8 TP styles: fp8 casts on the sequence shard (float8_tp)
 
     @property
+    def float8_cast_share(self) -> float:
+        """The share of a TP-split activation each rank casts to fp8 itself: its sequence
+        shard under float8 TP, else all of it."""
+        return 1 / self.tp if self.float8_tp else 1.0
+
+    @property
     def tokens(self) -> int:
         return self.seq_len * self.micro_batch
 
@@ -213,12 +219,12 @@ def _linear_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:
         shared = shape.style is KernelStyle.TORCH_COMPILE and leaf in SHARED_INPUT_LINEARS \
             and (leaf != "up_proj" or m.gated_mlp)
         return kn.linear(mod.name, tokens, -(-out_features // tp), in_features, bias=bias, value_bytes=v, float8=f8,
-                         cast_input=not shared, input_share=1 / tp if shape.float8_tp else 1.0)
+                         cast_input=not shared, input_share=shape.float8_cast_share)
     if mod.place is Place.ROUTER:
         return kn.linear(mod.name, tokens, out_features, in_features, bias=bias, value_bytes=v)
     if mod.place in (Place.ATTN_OUT, Place.FFN_OUT):
         gemm = kn.linear(mod.name, tokens, out_features, -(-in_features // tp), bias=bias, value_bytes=v, float8=f8,
-                         grad_share=1 / tp if shape.float8_tp else 1.0)
+                         grad_share=shape.float8_cast_share)
         parts = [gemm]
         if mod.place is Place.FFN_OUT:
             act = kn.activation(mod.name, tokens * -(-in_features // tp), style, m.gated_mlp,

@@ -24,6 +24,7 @@ from typing import Any
 
 from sim.core.errors import InputError, one_line
 from sim.engines.plan import model_of
+from sim.engines.workload import float8_tp
 from sim.inputs.load import scenario_from_table
 from sim.inputs.reading import read_text
 from sim.inputs.scenario import Scenario
@@ -166,6 +167,8 @@ def _scenario(f: Mapping[str, str], table: dict[str, Any], notes: list[str]) -> 
     model_of(s)   # the engine's own checks (e.g. FSDP2 with tp > 1)
     if note := params_note(f, s.model):
         notes.append(note)
+    if s.parallel.tp > 1 and float8_tp(s):
+        notes.append("torchtitan's float8 TP styles: TP all-gathers in fp8, reduce-scatters in bf16")
     return net.apply_stated(f.get("inter_node_bw", ""), s, notes)
 
 
@@ -227,8 +230,6 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int,
     if choice.delayed_update:
         training["delayed_parameter_update"] = True
     compute = _compute(f, cluster, choice.megatron, notes)
-    if "float8" in compute and layout.tp > 1:
-        notes.append("torchtitan's float8 TP styles: TP all-gathers in fp8, reduce-scatters in bf16")
     table: dict[str, Any] = {"model": model, "cluster": cluster, "nodes": layout.nodes, "parallel": parallel,
                              "training": training, "compute": compute, **choice.keys}
     if layout.gpus_per_node != cluster_gpn:

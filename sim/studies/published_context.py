@@ -40,7 +40,8 @@ STATED_BY_SOURCE: dict[str, tuple[str, str]] = {
 def with_stated_context(f: Mapping[str, str], notes: list[str]) -> Mapping[str, str]:
     """The row's fields with what its source states elsewhere added to other_config."""
     url = f.get("source_url", "")
-    entries = [e for e in (STATED_ELSEWHERE.get(f.get("id", "")),) if e is not None]
+    row_id = f.get("id", "")
+    entries = [STATED_ELSEWHERE[row_id]] if row_id in STATED_ELSEWHERE else []
     entries += [e for fragment, e in STATED_BY_SOURCE.items() if fragment in url]
     for text, where in entries:
         notes.append(f"{text} (not in the row's cells; stated by {where})")
