@@ -136,18 +136,24 @@ def aio_efficiency(aio: AioConfig, cluster: ClusterSpec, ranks_per_node: int) ->
 
 
 def copy_time(nbytes: float, direction: str, pageable: bool, cluster: ClusterSpec, ranks_per_node: int,
-              aio: AioConfig | None = None) -> float:
+              aio: AioConfig | None = None, fresh: bool = False) -> float:
     """Closed form of one copy alone: latency + bytes over the rank's PCIe or NVMe share."""
     if direction in ("nvme read", "nvme write"):
         rate = nvme_bandwidth(cluster, ranks_per_node, write=direction == "nvme write", aio=aio)
     else:
-        rate = pcie_bandwidth(cluster) * copy_share(pageable, cluster)
+        rate = pcie_bandwidth(cluster) * copy_share(pageable, cluster, fresh)
     return cluster.host.pcie.latency + nbytes / rate
 
 
-def copy_share(pageable: bool, cluster: ClusterSpec) -> float:
+def copy_share(pageable: bool, cluster: ClusterSpec, fresh: bool = False) -> float:
     """The fraction of the pinned rate a copy reaches: a pageable buffer is staged through
-    the driver's pinned bounce buffer (CUDA C++ Best Practices Guide, "Pinned Memory")."""
+    the driver's pinned bounce buffer (CUDA C++ Best Practices Guide, "Pinned Memory"). A
+    D2H into a tensor it allocates (`.to("cpu")`, torch's cross-dtype copy to the host)
+    also takes the first-touch page faults of that memory, and runs at the host's
+    `fresh_pageable_d2h` rate, CPU-bound: 1.4 GB/s "Device -> Pageable" against 12.6 GB/s
+    pinned on an A100 (pytorch/pytorch#138018); never above the pageable rate."""
+    if fresh:
+        return min(cluster.host.pcie_pageable_efficiency, cluster.host.fresh_pageable_d2h / pcie_bandwidth(cluster))
     return cluster.host.pcie_pageable_efficiency if pageable else 1.0
 
 

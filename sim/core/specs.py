@@ -68,6 +68,9 @@ class HostSpec:
     dram_bandwidth: float          # bytes/s, theoretical
     pcie: LinkSpec                 # per GPU, per direction, pinned memory
     pcie_pageable_efficiency: float = 0.5  # a pageable copy's rate / a pinned one's (staged by the driver)
+    fresh_pageable_d2h: float = 1.4e9  # bytes/s of a D2H into a freshly allocated pageable tensor (`.to("cpu")`):
+                                       # CPU-bound (first-touch page faults, the driver's staging memcpy);
+                                       # 1.4 GB/s on A100 against 12.6 pinned (pytorch/pytorch#138018)
     gpus_per_pcie_switch: int      # GPUs sharing one uplink to the CPU
     cpu_adam_params_per_s: float   # parameters/s for the whole node (all ranks together)
     nvme_bandwidth: float          # bytes/s per node (reads); 0 when unknown / absent

@@ -61,7 +61,7 @@ def copy_transfers(op: Copy, rank: int, s: Scenario) -> list[Transfer]:
         share = opcost.nvme_bandwidth(s.cluster, n, write=op.direction is Stream.NVME_WRITE) \
             / opcost.nvme_bandwidth(s.cluster, n, write=False)
         return [Transfer(s.cluster.host.pcie.latency, op.nbytes, (((rank, Stream.NVME_READ), share),))]
-    share = opcost.copy_share(op.pageable, s.cluster)
+    share = opcost.copy_share(op.pageable, s.cluster, op.fresh)
     own = tuple(((rank, link), share) for link in opcost.copy_links(op.direction.value))
     return [Transfer(s.cluster.host.pcie.latency, op.nbytes, (((rank, op.direction), share), *own))]
 
@@ -107,7 +107,7 @@ def _shape_key(op: Collective | Copy | Send) -> tuple[object, ...]:
     if isinstance(op, Send):
         return (Send, op.nbytes, op.peer)
     if isinstance(op, Copy):
-        return (Copy, op.nbytes, op.direction, op.pageable)
+        return (Copy, op.nbytes, op.direction, op.pageable, op.fresh)
     return (Collective, op.coll, op.axis, op.nbytes)
 
 

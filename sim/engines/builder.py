@@ -182,10 +182,13 @@ class Builder:
                          purpose="pipeline", nbytes=nbytes, tag=tag, peer=peer)
 
     def copy(self, direction: Stream, nbytes: float, name: str, phase: Phase, micro_step: int, *,
-             stream: Stream | None = None, layer: int | None = None, deps: Deps = (), pageable: bool = False) -> OpRef:
-        """A PCIe copy in `direction`, on its own copy stream unless the engine issues it on `stream`."""
+             stream: Stream | None = None, layer: int | None = None, deps: Deps = (), pageable: bool = False,
+             fresh: bool = False) -> OpRef:
+        """A PCIe copy in `direction`, on its own copy stream unless the engine issues it on
+        `stream`; `fresh`: a D2H into a pageable tensor the copy allocates (Copy.fresh)."""
+        assert not fresh or (pageable and direction is Stream.D2H), "fresh is a pageable D2H"
         return self._add(Copy, stream or direction, deps, (), (), name=name, phase=phase, micro_step=micro_step,
-                         layer=layer, nbytes=nbytes, direction=direction, pageable=pageable)
+                         layer=layer, nbytes=nbytes, direction=direction, pageable=pageable, fresh=fresh)
 
     def _add(self, cls: type[AnyOp], stream: Stream, deps: Deps, alloc: tuple[Alloc, ...],
              free: tuple[Alloc, ...], **fields: Any) -> OpRef:

@@ -58,7 +58,7 @@ class Checkpointing:
 
     def copy(self, direction: Stream, nbytes: float, name: str, phase: Phase, ms: int, *,
              stream: Stream | None = None, deps: Iterable[OpRef | None] = (), layer: int | None = None,
-             pageable: bool = False) -> OpRef:
+             pageable: bool = False, fresh: bool = False) -> OpRef:
         raise NotImplementedError
 
     def block_activation_bytes(self, recompute: act.Recompute | None = None) -> float:

@@ -354,7 +354,7 @@ class Zero3Planner(Planner):
         nvme = self.z.offload_optimizer.device is OffloadDevice.NVME   # swapped out from GPU fp32 tensors
         if self.z.deepspeed_version == BLOCKING_OFFLOAD_VERSION and not nvme:
             down = self.copy(Stream.D2H, self.h * elements, "D2H gradient partition (blocking, pageable)", Phase.BWD,
-                             ms, stream=Stream.REDUCE, deps=[rs], layer=layer, pageable=True)
+                             ms, stream=Stream.REDUCE, deps=[rs], layer=layer, pageable=True, fresh=True)
             self.b.host_sync(down)
             return down
         return self.copy(Stream.D2H, FP32_BYTES * elements, "D2H gradient partition (fp32)", Phase.BWD, ms,

@@ -181,12 +181,15 @@ class Send(Op):
 @dataclass(slots=True, kw_only=True)
 class Copy(Op):
     """A PCIe copy of `nbytes` in `direction` (H2D or D2H), on its own stream or another;
-    `pageable`: from or to pageable host memory (HostSpec.pcie_pageable_efficiency)."""
+    `pageable`: from or to pageable host memory (HostSpec.pcie_pageable_efficiency);
+    `fresh`: a D2H into a tensor it allocates (`.to("cpu")`), whose pages the copy touches
+    first (HostSpec.fresh_pageable_d2h)."""
 
     kind: ClassVar[Kind] = Kind.COPY
     nbytes: float
     direction: Stream
     pageable: bool = False
+    fresh: bool = False
 
 
 AnyOp = Compute | GpuOptimizer | CpuStep | Collective | Send | Copy

@@ -238,7 +238,7 @@ class Planner(Checkpointing):
                 self.partition_checkpoint(use)
             if first_of_block and self.starts_segment(g.block) and self.t.cpu_checkpointing:
                 self.copy(Stream.D2H, self.checkpoint_bytes, f"checkpoint of block {g.block} to the host", Phase.FWD,
-                          use.micro_step, stream=Stream.COMPUTE, layer=layer, pageable=True)
+                          use.micro_step, stream=Stream.COMPUTE, layer=layer, pageable=True, fresh=True)
             if first_of_block:
                 alloc = (Alloc(Mem.ACTIVATIONS, f"activations block {g.block}", self.kept_bytes(g.block)),)
             elif head:
@@ -378,10 +378,10 @@ class Planner(Checkpointing):
 
     def copy(self, direction: Stream, nbytes: float, name: str, phase: Phase, ms: int, *,
              stream: Stream | None = None, deps: Iterable[OpRef | None] = (), layer: int | None = None,
-             pageable: bool = False) -> OpRef:
+             pageable: bool = False, fresh: bool = False) -> OpRef:
         """A PCIe copy, on its own copy stream unless the engine issues it on another."""
         return self.b.copy(direction, nbytes, name, phase, ms, stream=stream, deps=deps, layer=layer,
-                           pageable=pageable)
+                           pageable=pageable, fresh=fresh)
 
     def grad_norm(self, always: bool = False, nbytes: float = 4.0) -> OpRef | None:
         """Global gradient norm: one tiny all-reduce (reference 1.1), when clipping, or

@@ -13,6 +13,7 @@ from typing import Any
 from sim.core import limits as L
 from sim.core.errors import InputError
 from sim.core.specs import ClusterSpec, GpuSpec, HostSpec, IntraNodeTopology, LinkSpec, NodeSpec
+from sim.core.units import GB, US
 from sim.inputs.catalog import resolve
 from sim.inputs.reading import read_toml
 from sim.inputs.schema import Key, read_table
@@ -69,12 +70,13 @@ HOST_KEYS = (
     Key("pcie_efficiency", float, fraction=True),
     Key("pcie_latency_us", float, non_negative=True),
     Key("pcie_pageable_efficiency", float, required=False, default=0.5, fraction=True),
+    Key("fresh_pageable_d2h_GBps", float, required=False, default=1.4 * GB, positive=True),
     Key("gpus_per_pcie_switch", int, positive=True),
     Key("cpu_adam_params_per_s", float, positive=True),
     Key("nvme_bandwidth_GBps", float, required=False, default=0.0, non_negative=True),
     Key("nvme_write_bandwidth_GBps", float, required=False, default=0.0, non_negative=True),
     Key("nvme_TB", float, required=False, default=0.0, non_negative=True),
-    Key("nvme_latency_us", float, required=False, default=100.0, positive=True, maximum=1e6),
+    Key("nvme_latency_us", float, required=False, default=100.0 * US, positive=True, maximum=1e6),
     Key("launch_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
     Key("collective_launch_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
     Key("zero3_hook_us", float, required=False, default=0.0, non_negative=True, maximum=1e6),
@@ -135,6 +137,7 @@ def cluster_from_table(table: Mapping[str, Any], source: str | Path, base_dir: P
                                     efficiency=host["pcie_efficiency"],
                                     latency=host["pcie_latency"]),
                       pcie_pageable_efficiency=host["pcie_pageable_efficiency"],
+                      fresh_pageable_d2h=host["fresh_pageable_d2h"],
                       gpus_per_pcie_switch=host["gpus_per_pcie_switch"],
                       cpu_adam_params_per_s=host["cpu_adam_params_per_s"],
                       nvme_bandwidth=host["nvme_bandwidth"], nvme_write_bandwidth=host["nvme_write_bandwidth"],

@@ -54,7 +54,7 @@ def op_cost(op: AnyOp, s: Scenario, layout: Layout) -> float:
         return alone
     if isinstance(op, Copy):
         return opcost.copy_time(op.nbytes, op.direction.value, op.pageable, cluster, s.gpus_per_node,
-                                s.zero.aio if s.zero else None)
+                                s.zero.aio if s.zero else None, op.fresh)
     assert isinstance(op, Collective | Send), op
     members = layout.group(op.axis, layout.representatives[0])
     nodes, per_node = layout.group_span(op.axis, layout.representatives[0])
