@@ -346,8 +346,9 @@ class Zero3Planner(Planner):
         cast to fp32 on the GPU, then a non-blocking copy of 4 B per element into the
         (pinned unless `pin_memory = false`) fp32 buffer. From v0.6.0 to v0.19.4:
         `fp32_grad_tensor.copy_(grad_buffer)`, a blocking copy across devices and dtypes,
-        which torch makes a D2H of the 16-bit values into a fresh pageable tensor, then a
-        cast on the CPU (aten copy_kernel_cuda); the host waits for it, so it cannot run
+        which torch makes a D2H of the 16-bit values into a fresh pageable tensor (at the
+        host's `fresh_pageable_d2h` rate: Copy.fresh), then a cast on the CPU (aten
+        copy_kernel_cuda); the host waits for it, so it cannot run
         ahead of the backward during the boundary micro-step. Not simulated: the GPU cast
         kernel (6 B per element on the reduce stream) and the CPU cast."""
         elements = self.cpu_share * padded / self.dp

@@ -124,6 +124,28 @@ def test_cpu_checkpoints_cross_pcie_both_ways_and_leave_the_device():
     assert on_host.step_time_s > on_device.step_time_s
 
 
+def with_fresh_rate(s, gbps: float):
+    host = replace(s.cluster.node.host, fresh_pageable_d2h=gbps * 1e9)
+    return replace(s, cluster=replace(s.cluster, node=replace(s.cluster.node, host=host)))
+
+
+def test_a_checkpoint_goes_to_the_host_at_the_rate_of_a_fresh_pageable_tensor():
+    """`.to("cpu")` allocates the pageable tensor it copies into, so the D2H takes that
+    memory's first-touch faults (HostSpec.fresh_pageable_d2h, pytorch/pytorch#138018); the
+    H2D back reads memory already touched and runs at the pageable rate."""
+    s = checkpointed("ds-zero2", cpu=True)
+    slow, fast = (simulate(with_fresh_rate(s, gbps)) for gbps in (1.4, 1000.0))
+    copies = [op for op in slow.schedule.ops(0) if "checkpoint of block" in op.name]
+    assert copies and all(op.fresh == ("to the host" in op.name) for op in copies)
+    down = next(op for op in copies if op.fresh)
+    extra = (slow.step_time_s - fast.step_time_s) / len([op for op in copies if op.fresh])
+    rate = s.cluster.host.pcie.achievable_bandwidth / s.cluster.host.gpus_per_pcie_switch
+    pageable_s, fresh_s = down.nbytes / (rate * s.cluster.host.pcie_pageable_efficiency), down.nbytes / 1.4e9
+    assert extra == pytest.approx(fresh_s - pageable_s, rel=0.05)   # blocking, on the compute stream
+    for name, des, analytic, relation in check_rows(slow):
+        assert holds(des, analytic, relation), (name, des, analytic, relation)
+
+
 def contiguous_table(**training) -> dict:
     return {"model": DEEP, "cluster": "dgx-a100-80g", "nodes": 1, "parallel": {"tp": 2}, "zero": {"stage": 1},
             "training": {"seq_len": 512, "micro_batch": 2, "grad_accum": 1, "precision": "bf16", "recompute": "full",

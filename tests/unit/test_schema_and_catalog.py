@@ -46,6 +46,8 @@ def test_every_cluster_loads_with_sane_numbers(name):
     c = load_cluster(HARDWARE / f"{name}.toml")
     assert c.gpu.memory > 1e9 and c.node.intra_node.bandwidth > 0 and c.host.cpu_adam_params_per_s > 0
     assert 0 < c.node.intra_node.efficiency <= 1 and 0 < c.inter_node.efficiency <= 1
+    # defaults are SI like the file values (a file without nvme_latency_us once got 100 s)
+    assert 1e-6 < c.host.nvme_latency < 1e-2 and 1e8 < c.host.fresh_pageable_d2h < 1e11
 
 
 def test_required_clusters_are_in_the_catalog():
