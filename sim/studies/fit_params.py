@@ -18,11 +18,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sim.core.enums import AttentionImpl, Engine
+from sim.core.enums import AttentionImpl, Engine, OffloadDevice
 from sim.core.specs import ClusterSpec, GpuSpec
 from sim.inputs.scenario import Scenario
+from sim.inputs.zero_config import BLOCKING_OFFLOAD_VERSION
 
 US = 1e-6
+GB = 1e9
 
 
 # Parts built on another part's die: H200 is the GH100 die of the H100 with HBM3e (NVIDIA
@@ -63,6 +65,8 @@ class Param:
             return c.name == self.scope and s.nodes > 1
         if self.key == "host.cpu_adam_params_per_s":
             return c.node.host.cpu == self.scope and steps_on_the_cpu(s)
+        if self.key == "host.fresh_pageable_d2h_GBps":
+            return c.node.host.cpu == self.scope and copies_into_fresh_pages(s)
         if self.key == "attention_efficiency" and s.compute.attention is not AttentionImpl.FLASH:
             return False
         return chip(c.node.gpu) == self.scope
@@ -74,10 +78,25 @@ class Param:
         return SETTERS[self.key](c, v)
 
 
+HOST_CPU_KEYS = ("host.cpu_adam_params_per_s", "host.fresh_pageable_d2h_GBps")
+
+
 def cluster_scope(key: str, c: ClusterSpec) -> str:
     """What a per-node parameter belongs to: the network's efficiency to the cluster file,
-    the CPU-Adam rate to the host CPU (DGX A100 40 GB and 80 GB share their EPYC hosts)."""
-    return c.node.host.cpu if key == "host.cpu_adam_params_per_s" else c.name
+    the CPU-Adam rate and the fresh-pageable copy rate to the host CPU (DGX A100 40 GB and
+    80 GB share their EPYC hosts)."""
+    return c.node.host.cpu if key in HOST_CPU_KEYS else c.name
+
+
+def copies_into_fresh_pages(s: Scenario) -> bool:
+    """Whether the scenario copies to the host into tensors it allocates (Copy.fresh):
+    DeepSpeed's `cpu_checkpointing`, or ZeRO-3 offload of v0.6.0-v0.19.4 (its cross-dtype
+    gradient `copy_`)."""
+    z = s.zero
+    blocking = (z is not None and z.stage == 3 and z.offload_optimizer.enabled
+                and z.offload_optimizer.device is not OffloadDevice.NVME
+                and z.deepspeed_version == BLOCKING_OFFLOAD_VERSION)
+    return bool(s.training.cpu_checkpointing or blocking)
 
 
 def steps_on_the_cpu(s: Scenario) -> bool:
@@ -111,6 +130,7 @@ GETTERS: dict[str, Callable[[ClusterSpec], float]] = {
     "comm_interference": lambda c: c.node.gpu.comm_interference,
     "inter_node.efficiency": lambda c: c.inter_node.efficiency,
     "host.cpu_adam_params_per_s": lambda c: c.node.host.cpu_adam_params_per_s,
+    "host.fresh_pageable_d2h_GBps": lambda c: c.node.host.fresh_pageable_d2h / GB,
     "host.launch_us": lambda c: c.node.host.launch / US,
     "host.zero3_hook_us": lambda c: c.node.host.zero3_hook / US,
     "host.fsdp2_hook_us": lambda c: c.node.host.fsdp2_hook / US,
@@ -124,6 +144,7 @@ SETTERS: dict[str, Callable[[ClusterSpec, float], ClusterSpec]] = {
     "comm_interference": lambda c, v: _gpu(c, comm_interference=v),
     "inter_node.efficiency": lambda c, v: replace(c, inter_node=replace(c.inter_node, efficiency=v)),
     "host.cpu_adam_params_per_s": lambda c, v: _host(c, cpu_adam_params_per_s=v),
+    "host.fresh_pageable_d2h_GBps": lambda c, v: _host(c, fresh_pageable_d2h=v * GB),
     "host.launch_us": lambda c, v: _host(c, launch=v * US),
     "host.zero3_hook_us": lambda c, v: _host(c, zero3_hook=v * US),
     "host.fsdp2_hook_us": lambda c, v: _host(c, fsdp2_hook=v * US),
@@ -146,6 +167,10 @@ CLUSTER_BOUNDS = {
     "host.cpu_adam_params_per_s": (1.0e9, 1.0e10, "DeepSpeedCPUAdam per node: 1.8 G params/s in the field "
                                                   "(DeepSpeed#6834); memory-bound near 0.65 x STREAM / 30 B per "
                                                   "parameter, 9-12 G/s on 400-600 GB/s hosts (reference 5)"),
+    "host.fresh_pageable_d2h_GBps": (1.0, 13.0, "D2H into a freshly allocated pageable tensor: 1.4 GB/s on an "
+                                                "A100 host (pytorch/pytorch#138018); at most one GPU's staged "
+                                                "pageable copy (0.5 x 26 GB/s): page-fault cost depends on the "
+                                                "host's OS (transparent huge pages)"),
 }
 HOST_BOUNDS = {
     "host.launch_us": (2.0, 30.0, "PyTorch dispatch + cudaLaunchKernel 5-20 us (HTA docs)"),

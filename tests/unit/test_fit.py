@@ -139,3 +139,16 @@ def test_a_row_with_variants_is_predicted_by_the_fastest():
     with Evaluator([row], [], jobs=1) as ev:
         assert ev.predict([0], [])[0] == pytest.approx(min(t_slow, t_fast), rel=1e-9)
         assert ev.chosen(0, []) is (fast if t_fast < t_slow else slow)
+
+
+def test_the_fresh_pageable_copy_rate_is_fitted_only_where_such_copies_run():
+    """DeepSpeed's `cpu_checkpointing` copies each checkpoint into a tensor `.to("cpu")`
+    allocates: its host's rate is a parameter of those scenarios alone, moved per host CPU."""
+    plain = tiny("ds-zero2", recompute="full")
+    offloaded = replace(plain, training=replace(plain.training, cpu_checkpointing=True))
+    key = "host.fresh_pageable_d2h_GBps"
+    assert not [p for p in parameters([plain]) if p.key == key]
+    (param,) = [p for p in parameters([offloaded]) if p.key == key]
+    assert param.scope == offloaded.cluster.host.cpu and param.low < 1.4 < param.high
+    slow, fast = (simulate(applied(offloaded, [param], [v])).step_time_s for v in (param.low, param.high))
+    assert slow > fast
