@@ -123,24 +123,31 @@ def recompute_working_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int =
 
 
 def outside_layers_activation_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1,
-                                    value_bytes: int = 2) -> float:
+                                    value_bytes: int = 2, fused_loss: bool = False) -> float:
     """Embedding dropout mask (GPT), final-norm and head inputs (2sbh each in 16 bits) and
-    fp32 logits for the loss (4 s b V / t, vocab-parallel) - Korthikanti et al. Sec. 4.3."""
+    fp32 logits for the loss (4 s b V / t, vocab-parallel) - Korthikanti et al. Sec. 4.3.
+    A fused cross-entropy (flash-attn's) keeps the 16-bit logits instead and one fp32
+    log-sum-exp per token."""
     s, b, h = seq_len, batch, m.hidden
     mask = s * b * h if m.family is Family.GPT2 else 0
-    return mask + 2.0 * value_bytes * s * b * h + 4.0 * s * b * m.vocab / tp
+    logits = (value_bytes * m.vocab / tp + 4.0) * s * b if fused_loss else 4.0 * s * b * m.vocab / tp
+    return mask + 2.0 * value_bytes * s * b * h + logits
 
 
 def loss_backward_transient_bytes(m: ModelSpec, seq_len: int, batch: int, *, tp: int = 1,
-                                  value_bytes: int = 2, megatron: bool = False) -> float:
+                                  value_bytes: int = 2, megatron: bool = False, fused: bool = False) -> float:
     """Bytes the loss's backward allocates for a moment on top of the kept fp32 logits
     (4 s b V / t). PyTorch's cross-entropy (log_softmax + nll_loss, torch and HF code): the
     gradient of the saved log-softmax output and the gradient of its input, both fp32, live
     while that output is (aten `_log_softmax_backward_data` allocates its result): 8 s b V / t.
     Megatron's vocab-parallel cross-entropy computes its gradient in the saved softmax
     buffer in place (megatron/core/tensor_parallel/cross_entropy.py, backward); only the
-    cast back to the 16-bit logits' type allocates: 2 s b V / t (none in fp32)."""
+    cast back to the 16-bit logits' type allocates: 2 s b V / t (none in fp32). flash-attn's
+    fused cross-entropy (not in place, as llm-foundry builds it) allocates the gradient of
+    the 16-bit logits alone: 2 s b V / t."""
     elements = seq_len * batch * m.vocab / tp
+    if fused:
+        return value_bytes * elements
     if megatron:
         return 2.0 * elements if value_bytes < 4 else 0.0
     return 8.0 * elements

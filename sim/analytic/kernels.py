@@ -227,12 +227,19 @@ def attention(name: str, batch_heads: int, kv_heads: int, seq: int, head_dim: in
     return Passes(fwd, bwd)
 
 
-def cross_entropy(name: str, tokens: int, vocab_shard: int, style: KernelStyle, value_bytes: int) -> Passes:
+def cross_entropy(name: str, tokens: int, vocab_shard: int, style: KernelStyle, value_bytes: int,
+                  fused: bool = False) -> Passes:
     """The loss over the (vocab-parallel) logits in fp32: max, subtract, exp, sum, log and
     the target gather forward (about three fp32 passes and the upcast); softmax minus the
     one-hot target backward. HF upcasts the logits first (one more pass each way); Inductor
-    fuses the forward into one pass over the logits (an online log-sum-exp)."""
+    fuses the forward into one pass over the logits (an online log-sum-exp). `fused`:
+    flash-attn's Triton cross-entropy (flash_attn/losses/cross_entropy.py), one kernel each
+    way over the 16-bit logits: the forward reads them and keeps the log-sum-exp per token,
+    the backward reads them again and writes their gradient in their own type."""
     elements = tokens * vocab_shard
+    if fused:
+        return Passes((memory(f"{name} fused", value_bytes * elements),),
+                      (memory(f"{name} fused dX", 2 * value_bytes * elements),))
     if style is KernelStyle.TORCH_COMPILE:
         fwd: tuple[Kernel, ...] = (memory(f"{name} fused", (value_bytes + 4) * elements),)
         return Passes(fwd, (memory(f"{name} softmax dX", (value_bytes + 4 + value_bytes) * elements),))

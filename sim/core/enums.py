@@ -102,6 +102,13 @@ class KernelStyle(StrEnum):
     HF = "hf"
 
 
+class LossImpl(StrEnum):
+    """[compute] cross_entropy: the loss kernel (sim.analytic.kernels.cross_entropy)."""
+
+    NATIVE = "native"    # the implementation's own (`kernels`): torch / HF fp32 log-softmax, Megatron's vocab-parallel
+    FUSED = "fused"      # flash-attn's Triton cross-entropy (flash_attn/losses/cross_entropy.py): llm-foundry's default
+
+
 class Float8Recipe(StrEnum):
     """[compute] float8: the blocks' Linears in fp8 (sim.analytic.kernels.float8_linear)."""
 

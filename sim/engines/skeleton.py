@@ -17,7 +17,7 @@ from functools import cached_property
 from sim.analytic import activations as act
 from sim.analytic.kernels import Kernel
 from sim.analytic.placement import TensorGroup, stage_census
-from sim.core.enums import Axis, Coll, KernelStyle
+from sim.core.enums import Axis, Coll, KernelStyle, LossImpl
 from sim.core.model import Role
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.builder import Builder
@@ -311,12 +311,14 @@ class Planner(Checkpointing):
 
     def head_activation_bytes(self) -> float:
         return act.outside_layers_activation_bytes(self.m, self.t.seq_len, self.t.micro_batch,
-                                                   tp=self.s.parallel.tp, value_bytes=self.elem(self.half))
+                                                   tp=self.s.parallel.tp, value_bytes=self.elem(self.half),
+                                                   fused_loss=self.s.compute.cross_entropy is LossImpl.FUSED)
 
     def loss_transient_bytes(self) -> float:
         return act.loss_backward_transient_bytes(self.m, self.t.seq_len, self.t.micro_batch, tp=self.s.parallel.tp,
                                                  value_bytes=self.elem(self.half),
-                                                 megatron=self.s.compute.kernels is KernelStyle.MEGATRON)
+                                                 megatron=self.s.compute.kernels is KernelStyle.MEGATRON,
+                                                 fused=self.s.compute.cross_entropy is LossImpl.FUSED)
 
     # -- hooks -----------------------------------------------------------------------------
     def resident_allocations(self, census: list[TensorGroup]) -> Resident:

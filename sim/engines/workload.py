@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from sim.analytic import kernels as kn
 from sim.analytic import op_sac
 from sim.analytic.kernels import AttentionImpl, Kernel, KernelStyle, Passes
-from sim.core.enums import Engine, Float8Recipe
+from sim.core.enums import Engine, Float8Recipe, LossImpl
 from sim.core.model import Family, ModelSpec, ModuleSpec, Norm, Place, Position, Role, module_tree
 from sim.core.units import BYTES_PER_ELEMENT
 
@@ -79,6 +79,7 @@ class Shape:
     sequence_parallel: bool = False
     float8: bool = False              # the blocks' Linears as torchao Float8Linear (sim.analytic.kernels)
     float8_tp: bool = False           # torchao's float8 TP styles: fp8 casts on the sequence shard (float8_tp)
+    fused_loss: bool = False          # flash-attn's fused cross-entropy ([compute] cross_entropy = "fused")
 
     @property
     def float8_cast_share(self) -> float:
@@ -107,7 +108,8 @@ def shape_of(s: Scenario, tp: int) -> Shape:
     """The Shape of a scenario's micro-batch on a TP group of `tp` ranks."""
     t, c = s.training, s.compute
     return Shape(t.seq_len, t.micro_batch, tp, BYTES_PER_ELEMENT[t.precision.value], c.kernels, c.attention,
-                 s.parallel.sequence_parallel, c.float8 is not Float8Recipe.NONE, tp > 1 and float8_tp(s))
+                 s.parallel.sequence_parallel, c.float8 is not Float8Recipe.NONE, tp > 1 and float8_tp(s),
+                 c.cross_entropy is LossImpl.FUSED)
 
 
 def float8_tp(s: Scenario) -> bool:
@@ -153,7 +155,8 @@ def units(m: ModelSpec, shape: Shape) -> tuple[Unit, ...]:
     if m.tied_embeddings:
         head = kn.linear("lm_head (tied)", shape.tokens, -(-m.vocab // shape.tp), m.hidden, bias=False,
                          value_bytes=shape.value_bytes)
-        loss = kn.cross_entropy("loss", shape.tokens, -(-m.vocab // shape.tp), shape.style, shape.value_bytes)
+        loss = kn.cross_entropy("loss", shape.tokens, -(-m.vocab // shape.tp), shape.style, shape.value_bytes,
+                                shape.fused_loss)
         out.append(Unit("lm_head (tied)", None, (), chain(head, loss), role=Role.HEAD, shares="model.embed_tokens"))
     return tuple(out)
 
@@ -235,7 +238,7 @@ def _linear_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:
             parts.append(kn.residual(mod.name, shape.local_tokens * m.hidden, style, dropout, v))
         return chain(*parts)
     head = kn.linear(mod.name, tokens, -(-out_features // tp), in_features, bias=bias, value_bytes=v)
-    return chain(head, kn.cross_entropy("loss", tokens, -(-out_features // tp), style, v))
+    return chain(head, kn.cross_entropy("loss", tokens, -(-out_features // tp), style, v, shape.fused_loss))
 
 
 def _adapter_passes(m: ModelSpec, mod: ModuleSpec, shape: Shape) -> Passes:

@@ -21,6 +21,7 @@ from sim.core.enums import (
     Engine,
     Float8Recipe,
     KernelStyle,
+    LossImpl,
     OptimizerImpl,
     Precision,
     Recompute,
@@ -64,6 +65,7 @@ COMPUTE_KEYS = (
     Key("kernels", str, required=False, default="torch", choices=tuple(KernelStyle)),
     Key("attention", str, required=False, default="flash", choices=tuple(AttentionImpl)),
     Key("float8", str, required=False, default="none", choices=tuple(Float8Recipe)),
+    Key("cross_entropy", str, required=False, default="native", choices=tuple(LossImpl)),
 )
 COMM_KEYS = (
     Key("algorithm", str, required=False, default="auto", choices=tuple(Algorithm)),
@@ -168,7 +170,7 @@ def _comm(raw: Mapping[str, Any], source: Path) -> CommConfig:
 def _compute(raw: Mapping[str, Any], source: Path) -> ComputeConfig:
     v = read_table(raw, COMPUTE_KEYS, source, "compute.")
     return ComputeConfig(kernels=KernelStyle(v["kernels"]), attention=AttentionImpl(v["attention"]),
-                         float8=Float8Recipe(v["float8"]))
+                         float8=Float8Recipe(v["float8"]), cross_entropy=LossImpl(v["cross_entropy"]))
 
 
 def _question(text: str) -> str:

@@ -18,6 +18,7 @@ from sim.core.enums import (
     Engine,
     Float8Recipe,
     KernelStyle,
+    LossImpl,
     OptimizerImpl,
     Precision,
     Recompute,
@@ -50,6 +51,7 @@ class ComputeConfig:
     kernels: KernelStyle = KernelStyle.TORCH
     attention: AttentionImpl = AttentionImpl.FLASH
     float8: Float8Recipe = Float8Recipe.NONE
+    cross_entropy: LossImpl = LossImpl.NATIVE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

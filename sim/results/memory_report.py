@@ -22,7 +22,7 @@ from sim.analytic.memory import (
 from sim.analytic.params import largest_module_params, total_params
 from sim.analytic.placement import block_params_per_rank, params_per_stage
 from sim.analytic.recompute import kept_activation_bytes
-from sim.core.enums import AttentionImpl, Convention, KernelStyle, ScheduleMode, ZeroStage
+from sim.core.enums import AttentionImpl, Convention, KernelStyle, LossImpl, ScheduleMode, ZeroStage
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.plan import model_of, resident_memory
 from sim.engines.resident import Resident
@@ -263,10 +263,11 @@ def _activations(s: Scenario, pp_stage: int) -> float:
                                                    sequence_parallel=p.sequence_parallel, value_bytes=value_bytes,
                                                    flash=flash)
     if pp_stage == p.pp - 1:
+        fused = s.compute.cross_entropy is LossImpl.FUSED
         total += act.outside_layers_activation_bytes(m, t.seq_len, t.micro_batch, tp=p.tp,
-                                                     value_bytes=value_bytes)
+                                                     value_bytes=value_bytes, fused_loss=fused)
         total += act.loss_backward_transient_bytes(m, t.seq_len, t.micro_batch, tp=p.tp, value_bytes=value_bytes,
-                                                   megatron=s.compute.kernels is KernelStyle.MEGATRON)
+                                                   megatron=s.compute.kernels is KernelStyle.MEGATRON, fused=fused)
     return total
 
 

@@ -247,7 +247,9 @@ def _compute(f: Mapping[str, str], cluster: str, megatron: bool, notes: list[str
     is FlashAttention where the framework used it (torchtitan, llm-foundry, fms-fsdp,
     Megatron-Core 2024, or the row says flash) and never on V100 (FlashAttention needs
     sm80+), unfused (QK^T, softmax, PV) otherwise; Float8 linears where the row says so
-    (torchao's tensorwise recipe: torchtitan's float8 option)."""
+    (torchao's tensorwise recipe: torchtitan's float8 option); llm-foundry's loss as its
+    default, flash-attn's fused cross-entropy (llmfoundry/models/mpt/modeling_mpt.py
+    `ComposerMPTCausalLM`: loss_fn "fused_crossentropy")."""
     text = " ".join(f.get(c, "") for c in ("source", "framework", "other_config", "model")).lower()
     flash = bool(re.search(FLASH_FRAMEWORKS, text)) and "v100" not in f.get("gpu", "").lower() \
         and not cluster.lower().startswith(("dgx-2", "dgx1"))
@@ -261,6 +263,9 @@ def _compute(f: Mapping[str, str], cluster: str, megatron: bool, notes: list[str
         notes.append("Float8 linears as torchao's tensorwise recipe (torchtitan's float8 option)")
         if "all-gather" in f.get("precision", "").lower():
             notes.append("FSDP float8 all-gather not modelled: parameters gathered in bf16")
+    if "llm-foundry" in text:
+        out["cross_entropy"] = "fused"
+        notes.append("loss: flash-attn's fused cross-entropy (llm-foundry's default loss_fn, fused_crossentropy)")
     notes.append(f"kernels {out['kernels']}, attention {out['attention']} (from the framework and date)")
     return out
 
