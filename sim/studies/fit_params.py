@@ -20,12 +20,9 @@ from typing import Any
 
 from sim.core.enums import AttentionImpl, Engine, OffloadDevice
 from sim.core.specs import ClusterSpec, GpuSpec
+from sim.core.units import GB, US
 from sim.inputs.scenario import Scenario
 from sim.inputs.zero_config import BLOCKING_OFFLOAD_VERSION
-
-US = 1e-6
-GB = 1e9
-
 
 # Parts built on another part's die: H200 is the GH100 die of the H100 with HBM3e (NVIDIA
 # H200 datasheet: the H100 SXM's compute); its memory bandwidth is its own peak.
@@ -91,11 +88,10 @@ def cluster_scope(key: str, c: ClusterSpec) -> str:
 def copies_into_fresh_pages(s: Scenario) -> bool:
     """Whether the scenario copies to the host into tensors it allocates (Copy.fresh):
     DeepSpeed's `cpu_checkpointing`, or ZeRO-3 offload of v0.6.0-v0.19.4 (its cross-dtype
-    gradient `copy_`)."""
+    gradient `copy_`, made only where some sub-group steps on the CPU)."""
     z = s.zero
-    blocking = (z is not None and z.stage == 3 and z.offload_optimizer.enabled
-                and z.offload_optimizer.device is not OffloadDevice.NVME
-                and z.deepspeed_version == BLOCKING_OFFLOAD_VERSION)
+    blocking = (z is not None and z.stage == 3 and z.deepspeed_version == BLOCKING_OFFLOAD_VERSION
+                and z.offload_optimizer.device is not OffloadDevice.NVME and steps_on_the_cpu(s))
     return bool(s.training.cpu_checkpointing or blocking)
 
 
