@@ -89,6 +89,7 @@ class Zero3Planner(Planner):
         self.bucket_padded = 0
         self.bucket_tensors = 0
         self.bucket_shapes: list[tuple[int, int]] = []   # the bucket's gradients, (numel, dims): qgZ reduces each
+        self.container_hooks = 0     # hook pairs of containers entered since the last module use
         self.zpp = ZeroPlusPlus.of(self.z, self.h)
         # qgZ needs more than one node (stage3.py __avg_scatter_grads: else reduce_scatter_coalesced)
         rep = layout.representatives[stage]
@@ -137,10 +138,15 @@ class Zero3Planner(Planner):
         return Schedule(self.name, [self.b.finish()], self.notes() + self.lora_notes())
 
     def hook_calls(self, use: Use) -> int:
-        """DeepSpeed's pre- and post-hooks of the module (fetch and release bookkeeping,
-        parameter_offload.py `_pre_forward_module_hook` / `_post_forward_module_hook` and the
-        backward pair): one call pair per module use."""
-        return 1
+        """DeepSpeed's pre- and post-hooks (fetch and release bookkeeping, parameter_offload.py
+        `_pre_forward_module_hook` / `_post_forward_module_hook` and the backward pair): one
+        call pair per module use, plus one for each container entered just before it.
+        DeepSpeed hooks every module, not only those that own parameters (v0.6.2 stage3.py and
+        parameter_offload.py `_register_hooks_recursively` walk `module.children()`), so the
+        root, each block and its attention and MLP containers run their pairs too, in forward,
+        recompute and backward alike; their cost is paid before the module that follows."""
+        calls, self.container_hooks = 1 + self.container_hooks, 0
+        return calls
 
     def with_containers(self, trace: list[Use]) -> list[Use]:
         """DeepSpeed hooks every module, so a container (the root, a block, its attention and
@@ -300,6 +306,7 @@ class Zero3Planner(Planner):
 
     def _emit_use(self, use: Use) -> OpRef | None:
         if use.what is C:
+            self.container_hooks += 1     # its hook pair runs with the next module's (hook_calls)
             return self.b.last(Stream.COMPUTE)
         self.emit(use)
         return self.b.last(Stream.COMPUTE)
