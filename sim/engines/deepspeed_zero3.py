@@ -336,6 +336,8 @@ class Zero3Planner(Planner):
         else:
             rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, self.h * padded, "reduce_scatter bucket",
                                  Phase.BWD, ms, deps=[producer], layer=layer, purpose="grad bucket", pieces=pieces)
+        if self.z.offload_optimizer.enabled:
+            rs = self._through_the_host_buffer(rs, ms, layer, padded)
         self.last_reduction = rs
         self.reductions.append(rs)
         if len(self.reductions) > MAX_REDUCE_EVENTS:
@@ -346,6 +348,26 @@ class Zero3Planner(Planner):
                 down = self.copy(Stream.NVME_WRITE, self.cpu_share * FP32_BYTES * padded / self.dp,
                                  "NVMe swap-out of fp32 gradients", Phase.BWD, ms, deps=[down], layer=layer)
             self.offload_copies.append(down)
+
+    def _through_the_host_buffer(self, rs: OpRef | None, ms: int, layer: int | None, padded: float) -> OpRef:
+        """With the optimizer offloaded, the reduced gradient partitions live in a host buffer
+        (stage3.py: `self.device` is the CPU, `grad_partitions_flat_buffer` pinned when
+        `pin_memory`; v0.6.2 and today alike). `partition_grads` copies each reduced partition
+        into it (`copy_(non_blocking=True)`) and brings it back to the GPU (`.to(device,
+        non_blocking=True)`) for the inf/nan check and the boundary's copy; on a later
+        micro-step of an accumulation it brings the buffer to the GPU, adds, and copies the
+        sum back. So every bucket costs one D2H and one H2D of the rank's partition in the
+        16-bit accumulation dtype, per micro-step, on the reduce stream (pageable copies run
+        at the staged rate). Returns the last copy, which the bucket's event follows."""
+        nbytes = self.h * padded / self.dp
+        pageable = not self.z.offload_optimizer.pin_memory
+        first, second = (Stream.D2H, Stream.H2D) if ms == 0 else (Stream.H2D, Stream.D2H)
+        names = {Stream.D2H: "D2H into the host gradient buffer",
+                 Stream.H2D: "H2D from the host gradient buffer"}
+        there = self.copy(first, nbytes, names[first], Phase.BWD, ms, stream=Stream.REDUCE, deps=[rs], layer=layer,
+                          pageable=pageable)
+        return self.copy(second, nbytes, names[second], Phase.BWD, ms, stream=Stream.REDUCE, deps=[there],
+                         layer=layer, pageable=pageable)
 
     def _gradients_to_host(self, rs: OpRef | None, ms: int, layer: int | None, padded: float) -> OpRef:
         """At the accumulation boundary each reduced gradient partition goes to the host's fp32

@@ -12,7 +12,7 @@ from sim.analytic.offload import tokens_to_hide_offload
 from sim.core.errors import InputError
 from sim.core.specs import LinkSpec
 from sim.engines.offload import cpu_share, sub_groups
-from sim.engines.schedule import Copy, CpuStep, Stream
+from sim.engines.schedule import Copy, CpuStep, Phase, Stream
 from sim.inputs.load import scenario_from_table
 from sim.simulate import simulate
 from tests.crosscheck.scenarios import TINY_MODEL
@@ -42,7 +42,8 @@ def test_sub_groups_cut_the_partition_and_ratio_keeps_the_first_ones_on_the_gpu(
 def test_zero3_offload_runs_sub_group_after_sub_group_with_a_cpu_cast_and_a_pageable_h2d():
     r = run({"stage": 3, "offload_optimizer": "cpu", "sub_group_size": 2_000_000})
     cpu = sorted(spans(r, CpuStep), key=lambda sp: sp.start)
-    h2d = sorted([sp for sp in spans(r, Copy) if sp.op.direction is Stream.H2D], key=lambda sp: sp.start)
+    h2d = sorted([sp for sp in spans(r, Copy) if sp.op.direction is Stream.H2D and sp.op.phase is Phase.STEP],
+                 key=lambda sp: sp.start)     # the step's copies (not the backward's host-buffer round trips)
     adam = [sp for sp in cpu if sp.op.params > 0]
     casts = [sp for sp in cpu if sp.op.host_bytes > 0]
     assert len(adam) == len(casts) == len(h2d) >= 2
@@ -78,8 +79,10 @@ def test_partial_offload_keeps_the_gpu_sub_groups_state_on_the_gpu_and_their_gra
     on_cpu = groups - int(0.5 * groups)
     assert len([sp for sp in spans(half, CpuStep) if sp.op.params > 0]) == on_cpu
     assert host["half"] == pytest.approx(host["full"] * on_cpu / groups, rel=1e-9)
-    d2h = {k: sum(sp.op.nbytes for sp in spans(r, Copy) if sp.op.direction is Stream.D2H)
-           for k, r in (("full", full), ("half", half))}
+    # the boundary's fp32 gradient copies (every partition makes the host-buffer round trip,
+    # whatever the ratio: the buffer is on the CPU whenever the optimizer is offloaded)
+    d2h = {k: sum(sp.op.nbytes for sp in spans(r, Copy) if sp.op.direction is Stream.D2H
+                  and "host gradient buffer" not in sp.op.name) for k, r in (("full", full), ("half", half))}
     assert d2h["half"] == pytest.approx(d2h["full"] * on_cpu / groups, rel=1e-9)
     assert half.peak_pool().peak > full.peak_pool().peak      # the GPU sub-groups' 16 B per parameter
     assert half.step_time_s < full.step_time_s                # less CPU-Adam, run beside the GPU Adam
@@ -209,3 +212,30 @@ def test_cpu_adam_is_a_roofline_of_the_cores_and_the_dram_bytes():
     assert cpu_adam_time(1e9, c, 8) == pytest.approx(1e9 / (host.cpu_adam_params_per_s / 8))   # the cores bind
     slow_dram = replace(c, node=replace(c.node, host=replace(host, dram_bandwidth=20e9)))
     assert cpu_adam_time(1e9, slow_dram, 8) == pytest.approx(1e9 * ADAM_BYTES_PER_PARAM / (20e9 / 8))
+
+
+@pytest.mark.parametrize("accumulation", [1, 3])
+def test_zero3_offload_sends_every_reduced_partition_through_the_host_buffer_each_micro_step(accumulation):
+    """stage3.py `partition_grads` with an offloaded optimizer: the gradient partitions live in
+    a host buffer, so each bucket's partition goes to the host and back to the GPU on every
+    micro-step (copy_ then .to(device) on the first; .to(device), add, copy_ on later ones)."""
+    from sim.engines.plan import plan
+
+    s = scenario_from_table(table({"stage": 3, "offload_optimizer": "cpu"}, grad_accum=accumulation),
+                            Path("s.toml"), "s")
+    ops = list(plan(s).ops(0))
+    buckets = sum(1 for op in ops if op.name == "reduce_scatter bucket")
+    round_trip = [op for op in ops if isinstance(op, Copy) and "host gradient buffer" in op.name]
+    assert buckets >= accumulation and len(round_trip) == 2 * buckets
+    assert all(op.stream is Stream.REDUCE and not op.pageable for op in round_trip)   # pinned by default
+    per_step = {d: sum(op.nbytes for op in round_trip if op.direction is d) for d in (Stream.D2H, Stream.H2D)}
+    partition = sum(op.nbytes for op in ops if op.name == "reduce_scatter bucket") / s.parallel.dp
+    assert per_step[Stream.D2H] == pytest.approx(partition) and per_step[Stream.H2D] == pytest.approx(partition)
+    first = [op for op in round_trip if op.micro_step == 0]
+    assert first[0].direction is Stream.D2H and first[1].direction is Stream.H2D
+    if accumulation > 1:
+        later = [op for op in round_trip if op.micro_step == 1]
+        assert later[0].direction is Stream.H2D and later[1].direction is Stream.D2H
+    # the round trip lengthens the step: without it (stage 3 on the GPU) nothing goes through the host
+    gpu = scenario_from_table(table({"stage": 3}, grad_accum=accumulation), Path("s.toml"), "s")
+    assert not [op for op in plan(gpu).ops(0) if isinstance(op, Copy) and "host gradient buffer" in op.name]
