@@ -27,13 +27,15 @@ STATED_ELSEWHERE: dict[str, tuple[str, str]] = {
 # source_url fragment -> (text added to other_config, where the source states it)
 STATED_BY_SOURCE: dict[str, tuple[str, str]] = {
     "2022/07/26/deepspeed-azure": (
-        "reduce_bucket_size 9e7; max_live_parameters 3e9; max_reuse_distance 3e9",
+        "reduce_bucket_size 9e7; max_live_parameters 3e9; max_reuse_distance 3e9; "
+        "offload_optimizer.pin_memory true",
         "the Azure recipes the post links for its runs (deepspeedai/Megatron-DeepSpeed "
         "examples_deepspeed/azure/run-175b.sh and run-1t.sh, one ds_config for both: "
         "reduce_bucket_size 90000000, stage3_max_live_parameters 3e9, stage3_max_reuse_distance "
-        "3e9; its other ZeRO keys are DeepSpeed's defaults but offload_optimizer.pin_memory true, "
-        "which changes nothing on v0.6, whose gradient copy to the host is blocking and pageable "
-        "either way); the post offers its setup for reproducing its results"),
+        "3e9, offload_optimizer.pin_memory true (with an offloaded optimizer it pins the host "
+        "gradient buffer each reduced partition goes through; v0.6's boundary copy to the fp32 "
+        "gradient stays blocking and pageable); its other ZeRO keys are DeepSpeed's defaults); "
+        "the post offers its setup for reproducing its results"),
 }
 
 

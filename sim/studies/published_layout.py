@@ -182,6 +182,17 @@ def zero_knobs(other: str, framework: str, gpn: int) -> dict[str, Any]:
     return out
 
 
+def offload_pinning(other: str, zero: Mapping[str, Any]) -> dict[str, Any]:
+    """`offload_optimizer.pin_memory true` (or false) named in other_config, for a row that
+    offloads its optimizer: DeepSpeed then pins the host gradient buffer and the optimizer's
+    host tensors (sim.engines.deepspeed_zero3 `_through_the_host_buffer`)."""
+    m = re.search(r"offload_optimizer\.pin_memory\s*[= ]?\s*(true|false)", other, re.IGNORECASE)
+    device = zero.get("offload_optimizer")
+    if not m or not isinstance(device, str) or device == "none":
+        return {}
+    return {"offload_optimizer": {"device": device, "pin_memory": m.group(1).lower() == "true"}}
+
+
 def engine(f: Mapping[str, str], nodes: int, gpn: int, notes: list[str], tp: int = 1) -> EngineChoice:
     fw, zs_text = f.get("framework", "").lower(), f.get("zero_stage", "")
     zs = zs_text.lower()
@@ -196,6 +207,7 @@ def engine(f: Mapping[str, str], nodes: int, gpn: int, notes: list[str], tp: int
         delayed = bool(zero.pop("delayed_parameter_update", False))
         zero.update(zero_knobs(f.get("other_config", ""), f.get("framework", ""), gpn))
         zero.update(release_of(f, zero, notes))
+        zero.update(offload_pinning(f.get("other_config", ""), zero))
         if "bf16optimizer" in zs.replace(" ", "").replace("_", "") and stage == 1:
             zero["grad_accum_dtype"] = "fp32"     # what selects BF16_Optimizer at ZeRO-1 in DeepSpeed
             notes.append("BF16Optimizer: DeepSpeed's BF16_Optimizer (ZeRO-1, fp32 gradient accumulation)")

@@ -405,3 +405,15 @@ def test_zero3_rows_run_the_deepspeed_release_of_their_year():
     stage1 = row_from_fields({**VP001, "source": "DeepSpeed Azure blog (2022)", "framework": "DeepSpeed ZeRO-1",
                               "zero_stage": "1", "micro_batch": "1"})
     assert stage1.usable and stage1.scenario.zero.deepspeed_version == "0.19"   # older ZeRO-1/2: today's
+
+
+def test_a_stated_pin_memory_pins_the_offloaded_optimizer_and_nothing_else():
+    base = {**VP001, "source": "DeepSpeed Azure blog (2022)", "framework": "DeepSpeed ZeRO-3", "zero_stage": "3",
+            "micro_batch": "1", "offload": "optimizer to CPU"}
+    default = row_from_fields(base).scenario
+    pinned = row_from_fields({**base, "other_config": "offload_optimizer.pin_memory true"}).scenario
+    assert default is not None and pinned is not None
+    assert not default.zero.offload_optimizer.pin_memory            # v0.6.0-v0.19.4's default
+    assert pinned.zero.offload_optimizer.pin_memory and pinned.zero.offload_optimizer.device.value == "cpu"
+    no_offload = row_from_fields({**base, "offload": "none", "other_config": "offload_optimizer.pin_memory true"})
+    assert no_offload.scenario is not None and not no_offload.scenario.zero.offload_optimizer.enabled
