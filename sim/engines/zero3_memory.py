@@ -48,6 +48,9 @@ def zero3_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
                            opt.buffer_count * 4.0 * max(sub_groups(on_cpu, z.sub_group_size)))]   # largest sub-group
         else:
             host.append(Alloc(Mem.OPTIMIZER, f"fp32 master, Adam m and v, fp32 gradients ({pinned})", 16.0 * on_cpu))
+        # stage3.py: with the optimizer offloaded `self.device` is the CPU, so the 16-bit
+        # gradient partitions (grad_partitions_flat_buffer) live there, whatever the ratio
+        host.append(Alloc(Mem.GRADS, f"16-bit gradient partition buffer ({pinned})", h * shard))
         if s.training.delayed_parameter_update:
             host.append(Alloc(Mem.GRADS, "second fp32 gradient partition (delayed update)", 4.0 * on_cpu))
         device += [Alloc(Mem.OPTIMIZER, "fp32 master, Adam m and v, fp32 gradients of the GPU sub-groups",

@@ -12,7 +12,7 @@ from sim.analytic.offload import tokens_to_hide_offload
 from sim.core.errors import InputError
 from sim.core.specs import LinkSpec
 from sim.engines.offload import cpu_share, sub_groups
-from sim.engines.schedule import Copy, CpuStep, Phase, Stream
+from sim.engines.schedule import Copy, CpuStep, Mem, Phase, Stream
 from sim.inputs.load import scenario_from_table
 from sim.simulate import simulate
 from tests.crosscheck.scenarios import TINY_MODEL
@@ -51,7 +51,9 @@ def test_zero3_offload_runs_sub_group_after_sub_group_with_a_cpu_cast_and_a_page
     for i in range(len(adam) - 1):   # the host does one sub-group at a time: Adam, cast, copy, next
         assert adam[i].end <= casts[i].start + 1e-12 and casts[i].end <= h2d[i].start + 1e-12
         assert h2d[i].end <= adam[i + 1].start + 1e-12
-    host = sum(a.nbytes for a in r.schedule.classes[0].host)      # 16 B per partitioned parameter
+    host = sum(a.nbytes for a in r.schedule.classes[0].host if a.category is Mem.OPTIMIZER)   # 16 B per parameter
+    grads = sum(a.nbytes for a in r.schedule.classes[0].host if a.category is Mem.GRADS)
+    assert grads == pytest.approx(2 * host / 16)      # the 16-bit gradient partition buffer
     assert sum(sp.op.params for sp in adam) == pytest.approx(host / 16)
     assert sum(sp.op.host_bytes for sp in casts) == pytest.approx(6 * host / 16)   # fp32 read, bf16 written
 
@@ -74,7 +76,8 @@ def test_pageable_copies_are_slower_than_pinned_ones():
 def test_partial_offload_keeps_the_gpu_sub_groups_state_on_the_gpu_and_their_gradients_off_pcie():
     full = run({"stage": 3, "offload_optimizer": "cpu", "sub_group_size": 1_000_000})
     half = run({"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}, "sub_group_size": 1_000_000})
-    host = {k: sum(a.nbytes for a in r.schedule.classes[0].host) for k, r in (("full", full), ("half", half))}
+    host = {k: sum(a.nbytes for a in r.schedule.classes[0].host if a.category is Mem.OPTIMIZER)
+            for k, r in (("full", full), ("half", half))}
     groups = len([sp for sp in spans(full, CpuStep) if sp.op.params > 0])
     on_cpu = groups - int(0.5 * groups)
     assert len([sp for sp in spans(half, CpuStep) if sp.op.params > 0]) == on_cpu
