@@ -55,8 +55,9 @@ def test_offload_moves_optimizer_states_to_the_host(capsys):
     main(["memory", str(SCENARIOS / "llama2-70b_zero3-offload_dgx-h100x4.toml"), "--json"])
     z3 = json.loads(capsys.readouterr().out)["rows"][3]
     psi = 68_976_648_192
-    # pinned fp32 master, Adam m and v and the fp32 gradient partition: 16 B per partitioned parameter
-    assert z3["optimizer_bytes"] == 0 and z3["host_bytes"] == pytest.approx(16 * psi / 32, rel=1e-6)
+    # pinned fp32 master, Adam m and v and the fp32 gradient partition (16 B), plus the 16-bit gradient
+    # partition buffer stage3.py keeps on the host when the optimizer is offloaded (2 B): 18 B per parameter
+    assert z3["optimizer_bytes"] == 0 and z3["host_bytes"] == pytest.approx(18 * psi / 32, rel=1e-6)
 
 
 def test_fragmentation_allowance_raises_the_total(capsys):
