@@ -186,9 +186,19 @@ def test_every_row_has_a_scenario_and_step_or_a_one_line_reason(shared_rows):
 
 
 @needs_data
-def test_reading_is_deterministic(calibration_rows):
+def test_reading_is_deterministic(calibration_rows, tmp_path):
+    """A second read gives the same rows, each row's reading independent of the others:
+    the table less the three rows whose micro-batch search takes seconds (VP007, VP010,
+    VP057; four other rows still search theirs) reads as the same rows of the first read."""
     assert DATA is not None
-    assert read_rows(DATA / "published-calibration.csv") == calibration_rows
+    slow = {"VP007", "VP010", "VP057"}
+    with (DATA / "published-calibration.csv").open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        kept = [row for row in reader if row["id"] not in slow]
+        columns = list(reader.fieldnames or ())
+    again = read_rows(write_csv(tmp_path / "published-calibration.csv", columns, kept))
+    first = [r for r in calibration_rows if r.id not in slow]
+    assert again == first and sum(bool(r.alternatives) for r in again) == 4
 
 
 @needs_data
