@@ -199,13 +199,13 @@ def collective_phases(coll: Coll, nbytes: float, g: GroupShape, cluster: Cluster
         alpha, busbw = measured
         return [CommPhase(ring_steps(coll, n) * alpha, nbytes * bus_factor(coll, n),
                           ((LinkClass.NVLINK, 1.0),), rate=busbw)]
-    links = ring_links(g)
+    links = ring_links(g, cluster)
     if multi and algorithm is Algorithm.HIERARCHICAL and coll is Coll.ALL_REDUCE and g.per_node > 1:
         p, nodes = g.per_node, g.nodes
         intra = ((LinkClass.NVLINK, 1.0),)
         return [CommPhase((p - 1) * a_intra, (p - 1) / p * nbytes, intra),
                 CommPhase(2 * (nodes - 1) * a_inter, 2 * (nodes - 1) / nodes * nbytes / p,
-                          ring_links(GroupShape(nodes, nodes, 1))),
+                          ring_links(GroupShape(nodes, nodes, 1), cluster)),
                 CommPhase((p - 1) * a_intra, (p - 1) / p * nbytes, intra)]
     all_reduce = coll is Coll.ALL_REDUCE
     steps = ring_steps(coll, n)
@@ -223,7 +223,7 @@ def collective_phases(coll: Coll, nbytes: float, g: GroupShape, cluster: Cluster
     return [CommPhase(best.latency, moved, tuple((lc, mult * best.bandwidth) for lc, mult in links))]
 
 
-def ring_links(g: GroupShape) -> tuple[tuple[LinkClass, float], ...]:
+def ring_links(g: GroupShape, cluster: ClusterSpec) -> tuple[tuple[LinkClass, float], ...]:
     """The ports a ring over `g` moves bytes through: NVLink inside a node; across nodes the
     NICs (p members per node drive p NIC ports at once) and, where a node holds more than
     one member, NVLink for the hops inside it. A group with one member per node never
@@ -236,11 +236,14 @@ def ring_links(g: GroupShape) -> tuple[tuple[LinkClass, float], ...]:
     two NICs and the CPU uplink), the link the GPU's offload copies cross too
     (`copy_links`): a D2H beside an inter-node collective shares it. Alone, that link
     (PCIe 4.0 x16: 26 GB/s) is faster than the GPU's NIC share (HDR: 25 GB/s line), so it
-    changes nothing until a copy runs beside the collective."""
+    changes nothing until a copy runs beside the collective.
+
+    A ring over more than two nodes keeps `cluster.fabric_share(nodes)` of its NIC ports'
+    two-node rate: its flows share the switch fabric's links (ClusterSpec.fabric_share)."""
     if g.nodes <= 1:
         return ((LinkClass.NVLINK, 1.0),)
     p = float(max(g.per_node, 1))
-    nic = ((LinkClass.NIC, p), (LinkClass.PCIE_UP, p), (LinkClass.PCIE_DOWN, p))
+    nic = ((LinkClass.NIC, p * cluster.fabric_share(g.nodes)), (LinkClass.PCIE_UP, p), (LinkClass.PCIE_DOWN, p))
     return nic if g.per_node <= 1 else ((LinkClass.NVLINK, 1.0), *nic)
 
 

@@ -6,6 +6,7 @@ calibration changes a fraction without touching the peak it refers to.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -109,6 +110,9 @@ class ClusterSpec:
     uncertain: tuple[str, ...] = ()
     calibration: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Measured collectives inside a node (`zerosim calibrate`): op -> (alpha per step s, busbw B/s)."""
+    fabric_halving_nodes: float = math.inf
+    """Nodes beyond two at which a ring's per-NIC bus bandwidth has fallen to half its two-node
+    value (`fabric_share`); inf: a fabric whose rings keep their two-node rate at any size."""
 
     @property
     def gpu(self) -> GpuSpec:
@@ -121,6 +125,21 @@ class ClusterSpec:
     @property
     def host(self) -> HostSpec:
         return self.node.host
+
+    def fabric_share(self, nodes: int) -> float:
+        """Fraction of the two-node inter-node bus bandwidth a ring spanning `nodes` nodes keeps:
+        1 / (1 + (nodes - 2) / fabric_halving_nodes).
+
+        The inter-node efficiency is measured on two nodes (nccl-tests); larger rings cross
+        more switch tiers, and their flows, hashed onto shared links, collide (two ring flows
+        on one link halve each other: NVIDIA/nccl#307). Published nccl-tests runs fall with
+        the node count in this harmonic way: 8 x 100 Gb/s RoCE gave 100, 70, 58 and 40 GB/s
+        on 2, 3, 4 and 6 nodes (NVIDIA/nccl-tests#169: a halving count of 2.3-2.8), an
+        all-gather on 32 nodes of 8 x 400 Gb/s RoCE 0.5 of line rate against 0.94 on
+        two (NVIDIA/nccl#1218, NVIDIA/nccl-tests#290: about 34)."""
+        if nodes <= 2 or math.isinf(self.fabric_halving_nodes):
+            return 1.0
+        return 1.0 / (1.0 + (nodes - 2) / self.fabric_halving_nodes)
 
     @property
     def nic_bandwidth_per_gpu(self) -> float:

@@ -6,6 +6,7 @@ marked optional below; units are in the key suffix and converted here, once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ INTER_KEYS = (
     Key("nic_bandwidth_Gbps", float, positive=True),
     Key("efficiency", float, fraction=True),
     Key("latency_us", float, non_negative=True),
+    Key("fabric_halving_nodes", float, required=False, default=None, positive=True, maximum=1e6),
 )
 HOST_KEYS = (
     Key("cpu", str),
@@ -151,7 +153,8 @@ def cluster_from_table(table: Mapping[str, Any], source: str | Path, base_dir: P
     return ClusterSpec(name=v["name"], node=node,
                        inter_node=LinkSpec(bandwidth=inter["nic_bandwidth"],
                                            efficiency=inter["efficiency"], latency=inter["latency"]),
-                       uncertain=tuple(v["uncertain"]), calibration=calibration)
+                       uncertain=tuple(v["uncertain"]), calibration=calibration,
+                       fabric_halving_nodes=inter["fabric_halving_nodes"] or math.inf)
 
 
 def _all_cluster_keys() -> set[str]:

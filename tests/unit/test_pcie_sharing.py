@@ -29,12 +29,13 @@ def scenario(nodes: int, offload: bool):
 
 
 def test_inter_node_rings_cross_the_gpus_pcie_link_both_ways_and_intra_node_ones_do_not():
-    one_per_node = opcost.ring_links(opcost.GroupShape(4, 4, 1))
-    eight_per_node = opcost.ring_links(opcost.GroupShape(16, 2, 8))
+    c = scenario(2, offload=False).cluster
+    one_per_node = opcost.ring_links(opcost.GroupShape(2, 2, 1), c)
+    eight_per_node = opcost.ring_links(opcost.GroupShape(16, 2, 8), c)
     assert dict(one_per_node) == {opcost.LinkClass.NIC: 1.0, opcost.LinkClass.PCIE_UP: 1.0,
                                   opcost.LinkClass.PCIE_DOWN: 1.0}
     assert dict(eight_per_node)[opcost.LinkClass.PCIE_UP] == 8.0
-    assert dict(opcost.ring_links(opcost.GroupShape(8, 1, 8))) == {opcost.LinkClass.NVLINK: 1.0}
+    assert dict(opcost.ring_links(opcost.GroupShape(8, 1, 8), c)) == {opcost.LinkClass.NVLINK: 1.0}
     assert opcost.copy_links("d2h") == (opcost.LinkClass.PCIE_UP,)
     assert opcost.copy_links("h2d") == (opcost.LinkClass.PCIE_DOWN,)
 
