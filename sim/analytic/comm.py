@@ -73,15 +73,6 @@ def hierarchical_all_reduce_time(nbytes: float, ranks_per_node: int, nodes: int,
             + ring_all_gather_time(nbytes, p, intra_bandwidth, intra_latency))
 
 
-def flat_ring_bus_bandwidth(ranks_per_node: int, nodes: int, *, intra_bandwidth: float,
-                            nic_bandwidth: float) -> float:
-    """Per-rank bus bandwidth of one NCCL ring over nodes: min(B_intra, p_group x B_nic),
-    p_group = ranks of this communicator per node (reference 3.4, nccl-tests#175)."""
-    if nodes <= 1:
-        return intra_bandwidth
-    return min(intra_bandwidth, ranks_per_node * nic_bandwidth)
-
-
 @dataclass(frozen=True, slots=True)
 class Volume:
     """Bytes one rank sends per optimizer step, by collective kind."""

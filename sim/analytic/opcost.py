@@ -238,8 +238,9 @@ def ring_links(g: GroupShape, cluster: ClusterSpec) -> tuple[tuple[LinkClass, fl
     (PCIe 4.0 x16: 26 GB/s) is faster than the GPU's NIC share (HDR: 25 GB/s line), so it
     changes nothing until a copy runs beside the collective.
 
-    A ring over more than two nodes keeps `cluster.fabric_share(nodes)` of its NIC ports'
-    two-node rate: its flows share the switch fabric's links (ClusterSpec.fabric_share)."""
+    A group over more than two nodes keeps `cluster.fabric_share(nodes)` of its NIC ports'
+    two-node rate, on a ring or a tree: its flows share the switch fabric's links
+    (ClusterSpec.fabric_share)."""
     if g.nodes <= 1:
         return ((LinkClass.NVLINK, 1.0),)
     p = float(max(g.per_node, 1))

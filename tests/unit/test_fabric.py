@@ -15,6 +15,9 @@ from sim.core.errors import InputError
 from sim.inputs.catalog import catalog_dir
 from sim.inputs.hardware import cluster_from_table, load_cluster
 from sim.inputs.reading import read_toml
+from sim.simulate import simulate
+from sim.studies.fit_params import parameters
+from tests.crosscheck.scenarios import tiny
 
 HARDWARE = catalog_dir("hardware")
 
@@ -62,3 +65,24 @@ def test_a_fabric_halving_count_that_is_not_positive_is_refused_with_its_key():
     table["inter_node"]["fabric_halving_nodes"] = 0
     with pytest.raises(InputError, match="inter_node.fabric_halving_nodes"):
         cluster_from_table(table, "x.toml", HARDWARE)
+
+
+def on_fabric(s, halving: float):
+    return replace(s, cluster=replace(s.cluster, fabric_halving_nodes=halving))
+
+
+def test_the_des_slows_a_data_parallel_step_over_more_than_two_nodes_and_only_there():
+    two, four = tiny("ds-zero3", nodes=2), tiny("ds-zero3", nodes=4)
+    assert simulate(on_fabric(two, 2.0)).step_time_s == simulate(on_fabric(two, math.inf)).step_time_s
+    ideal, congested = simulate(on_fabric(four, math.inf)), simulate(on_fabric(four, 2.0))
+    assert congested.step_time_s > ideal.step_time_s
+    exposed = (congested.breakdown.exposed_comm_s, ideal.breakdown.exposed_comm_s)
+    assert exposed[0] > exposed[1]
+
+
+def test_the_fit_moves_a_clusters_fabric_only_where_a_row_spans_more_than_two_nodes():
+    names = {p.name for p in parameters([tiny("ds-zero3", nodes=2)])}
+    assert not any("fabric_halving_nodes" in n for n in names)
+    names = {p.name for p in parameters([tiny("ds-zero3", nodes=4)])}
+    assert "DGX-A100-80GB.inter_node.fabric_halving_nodes" in names
+    assert not any(n.endswith("inter_node.efficiency") for n in names)

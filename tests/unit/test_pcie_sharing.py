@@ -35,6 +35,10 @@ def test_inter_node_rings_cross_the_gpus_pcie_link_both_ways_and_intra_node_ones
     assert dict(one_per_node) == {opcost.LinkClass.NIC: 1.0, opcost.LinkClass.PCIE_UP: 1.0,
                                   opcost.LinkClass.PCIE_DOWN: 1.0}
     assert dict(eight_per_node)[opcost.LinkClass.PCIE_UP] == 8.0
+    # beyond two nodes the fabric slows the NIC ports only, not the GPU's PCIe link
+    four_nodes = dict(opcost.ring_links(opcost.GroupShape(4, 4, 1), c))
+    assert four_nodes[opcost.LinkClass.NIC] == pytest.approx(c.fabric_share(4)) and c.fabric_share(4) < 1.0
+    assert four_nodes[opcost.LinkClass.PCIE_UP] == four_nodes[opcost.LinkClass.PCIE_DOWN] == 1.0
     assert dict(opcost.ring_links(opcost.GroupShape(8, 1, 8), c)) == {opcost.LinkClass.NVLINK: 1.0}
     assert opcost.copy_links("d2h") == (opcost.LinkClass.PCIE_UP,)
     assert opcost.copy_links("h2d") == (opcost.LinkClass.PCIE_DOWN,)
