@@ -214,7 +214,7 @@ def collective_phases(coll: Coll, nbytes: float, g: GroupShape, cluster: Cluster
                            tree=algorithm is not Algorithm.RING)
     if algorithm is Algorithm.TREE and all_reduce and multi:
         options = [c for c in options if c.route is nccl.Route.TREE]
-    busbw = busbw_override or min(link_capacity(lc, cluster) * mult for lc, mult in links)
+    busbw = busbw_override or links_rate(links, cluster)
     ring_bytes = nbytes * bus_factor(coll, n)
     tree_bytes = 2.0 * nbytes
     best = min(options, key=lambda c: c.latency + (tree_bytes if c.route is nccl.Route.TREE else ring_bytes)
@@ -263,12 +263,17 @@ def link_capacity(link: LinkClass, cluster: ClusterSpec) -> float:
     return cluster.nic_bandwidth_per_gpu
 
 
+def links_rate(links: tuple[tuple[LinkClass, float], ...], cluster: ClusterSpec) -> float:
+    """Bytes/s a transfer alone on `links` reaches: its slowest port, capacity x multiplier."""
+    return min(link_capacity(lc, cluster) * mult for lc, mult in links)
+
+
 def isolated_time(phases: list[CommPhase], cluster: ClusterSpec,
                   busbw_override: float | None = None) -> float:
     """Closed form of a collective with its links to itself: sum of latency + bytes / rate."""
     total = 0.0
     for ph in phases:
-        rate = busbw_override or ph.rate or min(link_capacity(lc, cluster) * mult for lc, mult in ph.links)
+        rate = busbw_override or ph.rate or links_rate(ph.links, cluster)
         total += ph.latency + ph.bus_bytes / rate
     return total
 

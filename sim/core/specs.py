@@ -137,9 +137,7 @@ class ClusterSpec:
         on 2, 3, 4 and 6 nodes (NVIDIA/nccl-tests#169: a halving count of 2.3-2.8), an
         all-gather on 32 nodes of 8 x 400 Gb/s RoCE 0.5 of line rate against 0.94 on
         two (NVIDIA/nccl#1218, NVIDIA/nccl-tests#290: about 34)."""
-        if nodes <= 2 or math.isinf(self.fabric_halving_nodes):
-            return 1.0
-        return 1.0 / (1.0 + (nodes - 2) / self.fabric_halving_nodes)
+        return 1.0 / (1.0 + max(0, nodes - 2) / self.fabric_halving_nodes)
 
     @property
     def nic_bandwidth_per_gpu(self) -> float:

@@ -61,7 +61,7 @@ INTER_KEYS = (
     Key("nic_bandwidth_Gbps", float, positive=True),
     Key("efficiency", float, fraction=True),
     Key("latency_us", float, non_negative=True),
-    Key("fabric_halving_nodes", float, required=False, default=None, positive=True, maximum=1e6),
+    Key("fabric_halving_nodes", float, required=False, default=math.inf, positive=True, maximum=1e6),
 )
 HOST_KEYS = (
     Key("cpu", str),
@@ -154,7 +154,7 @@ def cluster_from_table(table: Mapping[str, Any], source: str | Path, base_dir: P
                        inter_node=LinkSpec(bandwidth=inter["nic_bandwidth"],
                                            efficiency=inter["efficiency"], latency=inter["latency"]),
                        uncertain=tuple(v["uncertain"]), calibration=calibration,
-                       fabric_halving_nodes=inter["fabric_halving_nodes"] or math.inf)
+                       fabric_halving_nodes=inter["fabric_halving_nodes"])
 
 
 def _all_cluster_keys() -> set[str]:

@@ -196,7 +196,7 @@ def _stage_time(s: Scenario, stage: int) -> float:
     seconds = stage_kernel_time(s, stage)
     if tp_bytes:
         shape = opcost.GroupShape(p.tp, -(-p.tp // s.gpus_per_node), min(p.tp, s.gpus_per_node))
-        seconds += tp_bytes / min(opcost.link_capacity(link, c) * mult for link, mult in opcost.ring_links(shape, c))
+        seconds += tp_bytes / opcost.links_rate(opcost.ring_links(shape, c), c)
     return seconds
 
 
@@ -241,8 +241,7 @@ def data_parallel_time(s: Scenario) -> float:
         return 0.0
     per_node = max(1, s.gpus_per_node // p.tp) if p.tp < s.gpus_per_node else 1
     shape = opcost.GroupShape(p.dp, -(-p.dp // per_node), min(per_node, p.dp))
-    bandwidth = s.comm.override(Axis.DP) or min(opcost.link_capacity(link, s.cluster) * mult
-                                                for link, mult in opcost.ring_links(shape, s.cluster))
+    bandwidth = s.comm.override(Axis.DP) or opcost.links_rate(opcost.ring_links(shape, s.cluster), s.cluster)
     return sum(expected_dp_volume(s).values()) / bandwidth
 
 

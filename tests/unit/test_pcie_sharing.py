@@ -49,7 +49,7 @@ def test_alone_the_pcie_link_changes_no_collective_time():
     c = s.cluster
     assert opcost.link_capacity(opcost.LinkClass.PCIE_UP, c) > opcost.link_capacity(opcost.LinkClass.NIC, c)
     phases = opcost.collective_phases(Coll.ALL_REDUCE, 1e9, opcost.GroupShape(16, 2, 8), c)
-    rate = min(opcost.link_capacity(lc, c) * m for lc, m in phases[-1].links)
+    rate = opcost.links_rate(phases[-1].links, c)
     assert rate == pytest.approx(8 * c.nic_bandwidth_per_gpu)
 
 
