@@ -29,7 +29,7 @@
 from __future__ import annotations
 
 from sim.analytic.comm import flat_padded
-from sim.analytic.kernels import memory
+from sim.analytic.kernels import Kernel, memory
 from sim.analytic.placement import TensorGroup, census_numel, rank_grad_shapes, rank_tensors, trainable
 from sim.analytic.volumes import bf16_optimizer_volume, deepspeed_volume
 from sim.analytic.zeropp import zeropp_implemented_volume
@@ -127,14 +127,16 @@ class Zero12Planner(Planner):
         nbytes = elements * self.comm_bytes
         if overlap:
             self.wait_before_next_compute(self.in_flight)   # compute waits for bucket k-1
+        staged = self._stage_bucket(elements, ms, producer, layer, stream)
         last: OpRef | None = None
         if self.in_hooks() and self.z.reduce_scatter and not self.z.use_multi_rank_bucket_allreduce:
             for _dst in range(self.dp):
                 last = self.collective(stream, Coll.REDUCE, nbytes / self.dp, "bucket reduce to owner",
-                                       Phase.BWD, ms, deps=[producer], layer=layer, purpose="grad bucket")
+                                       Phase.BWD, ms, deps=[staged], layer=layer, purpose="grad bucket")
         else:
             last = self.collective(stream, Coll.ALL_REDUCE, nbytes, "bucket all-reduce", Phase.BWD, ms,
-                                   deps=[producer], layer=layer, purpose="grad bucket")
+                                   deps=[staged], layer=layer, purpose="grad bucket")
+        last = self._unstage_bucket(elements, ms, last, layer, stream)
         self.in_flight = last
         if self.offload and ms == self.boundary:
             # issued on the reduction's stream ("a separate copy stream is disabled because of race
@@ -142,6 +144,47 @@ class Zero12Planner(Planner):
             self.offload_copies.append(self.copy(Stream.D2H, nbytes / self.dp, "D2H gradient partition",
                                                  Phase.BWD, ms, stream=stream, deps=[last], layer=layer,
                                                  pageable=not self.z.offload_optimizer.pin_memory))
+
+    def _copies_grads(self) -> bool:
+        """ZeRO-1/2's own optimizer (not stage 0's engine all-reduce, not BF16_Optimizer) moves
+        every reduced gradient through its contiguous IPG bucket."""
+        return self.stage > 0 and not self.accumulation
+
+    def _stage_bucket(self, elements: int, ms: int, producer: OpRef | None, layer: int | None,
+                      stream: Stream) -> OpRef | None:
+        """stage_1_and_2.py as of v0.19: the gradient hook copies each gradient into the IPG
+        bucket (`reduce_independent_p_g_buckets_and_remove_grads`, `new_grad_tensor.copy_`, on
+        the hook's stream; a gradient larger than the bucket skips it); `average_tensor`
+        divides the bucket by dp in place (`tensor.div_`) and, with `reduce_scatter`,
+        `allreduce_bucket` flattens its slices into a new tensor (`torch.cat`) on the
+        reduction stream. Each is a read and a write of the bucket: memory-bound."""
+        if not self._copies_grads():
+            return producer
+        bucket = elements * self.comm_bytes
+        last = producer
+        if elements <= self.z.reduce_bucket_size:
+            last = self.compute("copy gradients into the IPG bucket", Phase.BWD, ms,
+                                (memory("IPG bucket copy", 2.0 * bucket),), layer, [producer])
+        kernels: tuple[Kernel, ...] = (memory("average_tensor div_", 2.0 * bucket),)
+        if self.z.reduce_scatter:
+            kernels += (memory("allreduce_bucket flatten (torch.cat)", 2.0 * bucket),)
+        return self.kernels_on(stream, "average and flatten the bucket", Phase.BWD, ms, kernels, layer, [last])
+
+    def _unstage_bucket(self, elements: int, ms: int, reduced: OpRef | None, layer: int | None,
+                        stream: Stream) -> OpRef | None:
+        """After the reduction each rank copies its own slices back into the bucket
+        (`allreduce_and_copy_with_multiple_ranks`, `buf.copy_(synced)`) and from there into its
+        gradient partition (`copy_grads_in_partition`; an add on a later micro-step of an
+        accumulation): 1/dp of the bucket each."""
+        if not self._copies_grads() or not self.z.reduce_scatter:
+            return reduced
+        own = elements * self.comm_bytes / self.dp
+        kernels: tuple[Kernel, ...] = (memory("copy back own slices", 2.0 * own),)
+        if not self.offload:   # with ZeRO-Offload the partition goes to the host instead (reduce_bucket)
+            into_partition = (3.0 if ms > 0 and self.stage == ZeroStage.GRADIENTS else 2.0) * own
+            kernels += (memory("copy_grads_in_partition", into_partition),)
+        return self.kernels_on(stream, "copy this rank's reduced slices into its partition", Phase.BWD, ms,
+                               kernels, layer, [reduced])
 
     # -- the step --------------------------------------------------------------------------
     def _partition(self) -> float:

@@ -18,9 +18,11 @@ the persistent parameters, one collective per tensor, then synchronizes the devi
 other parameter gather follows the step. The host slices
 per rank in Python: the first wait on a coalesced gather of several tensors unpacks it
 (dp pieces per tensor, and a torch.cat copy on the compute stream), and each bucket's
-reduce-scatter packs dp pieces per tensor (HostSpec.zero3_rank_piece). Not simulated: the
-reduce stream's own copy of the packed bucket, and the cat's transient second copy of a
-gathered batch in memory.
+reduce-scatter packs dp pieces per tensor (HostSpec.zero3_rank_piece). The reduce stream
+copies each gradient into the IPG buffer, packs and pre-divides the bucket before its
+reduce-scatter and copies the reduced partition out after it (`_staging_kernels`,
+`partition_grads`). Not simulated: the cat's transient second copy of a gathered batch in
+memory.
 """
 
 from __future__ import annotations
@@ -334,8 +336,14 @@ class Zero3Planner(Planner):
         if self.qgz:
             rs = qgz_reduce(self, shapes, ms, producer, layer)
         else:
+            staged = self.kernels_on(Stream.REDUCE, "stage the gradient bucket", Phase.BWD, ms,
+                                     self._staging_kernels(padded, [n for n, _ in shapes]), layer, [producer])
             rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, self.h * padded, "reduce_scatter bucket",
-                                 Phase.BWD, ms, deps=[producer], layer=layer, purpose="grad bucket", pieces=pieces)
+                                 Phase.BWD, ms, deps=[staged], layer=layer, purpose="grad bucket", pieces=pieces)
+            if not self.z.offload_optimizer.enabled:   # offloaded, the partition goes through the host
+                rs = self.kernels_on(Stream.REDUCE, "partition_grads", Phase.BWD, ms,
+                                     (kn.memory("partition_grads copy / add", (3.0 if ms else 2.0) * self.h * padded
+                                                / self.dp),), layer, [rs])
         if self.z.offload_optimizer.enabled:
             rs = self._through_the_host_buffer(rs, ms, layer, padded)
         self.last_reduction = rs
@@ -348,6 +356,19 @@ class Zero3Planner(Planner):
                 down = self.copy(Stream.NVME_WRITE, self.cpu_share * FP32_BYTES * padded / self.dp,
                                  "NVMe swap-out of fp32 gradients", Phase.BWD, ms, deps=[down], layer=layer)
             self.offload_copies.append(down)
+
+    def _staging_kernels(self, padded: float, numels: list[int]) -> tuple[kn.Kernel, ...]:
+        """The bucket's memory passes before its reduce-scatter, stage3.py as of v0.19: each
+        gradient copied into the contiguous IPG buffer on the reduce stream
+        (`__add_grad_to_ipg_bucket`), then coalesced_collectives.py `reduce_scatter_coalesced`
+        interleaves the per-rank chunks into a new flat tensor (`torch.cat`, skipped for one
+        tensor that needs no padding) and pre-divides it in place (`div_`). Each is a read
+        and a write of the bucket."""
+        bucket = self.h * padded
+        kernels: tuple[kn.Kernel, ...] = (kn.memory("IPG bucket copy", 2.0 * bucket),)
+        if len(numels) > 1 or numels[0] % self.dp:
+            kernels += (kn.memory("reduce_scatter_coalesced torch.cat", 2.0 * bucket),)
+        return kernels + (kn.memory("reduce_scatter_coalesced div_", 2.0 * bucket),)
 
     def _through_the_host_buffer(self, rs: OpRef | None, ms: int, layer: int | None, padded: float) -> OpRef:
         """With the optimizer offloaded, the reduced gradient partitions live in a host buffer

@@ -107,6 +107,15 @@ class Planner(Checkpointing):
         return self.b.compute(name, phase, ms, kernels=kernels, layer=layer, deps=deps, alloc=alloc, free=free,
                               join=join, hooks=hooks, pieces=pieces)
 
+    def kernels_on(self, stream: Stream, name: str, phase: Phase, ms: int, kernels: tuple[Kernel, ...],
+                   layer: int | None, deps: Iterable[OpRef | None] = ()) -> OpRef:
+        """Kernels the framework launches on `stream`. A CPU process has no streams (its
+        accelerator's stream context is a no-op: the copy runs inline in the calling thread),
+        so on a synchronous host they go on the compute stream, as they do for `COMPUTE`."""
+        if stream is Stream.COMPUTE or self.s.cluster.host.synchronous:
+            return self.compute(name, phase, ms, kernels, layer, deps)
+        return self.b.side_compute(stream, name, phase, ms, kernels=kernels, layer=layer, deps=deps)
+
     def collective(self, stream: Stream, coll: Coll, nbytes: float, name: str, phase: Phase, ms: int, *,
                    axis: Axis = Axis.DP, deps: Iterable[OpRef | None] = (), layer: int | None = None,
                    alloc: tuple[Alloc, ...] = (), free: tuple[Alloc, ...] = (), purpose: str = "",

@@ -29,6 +29,8 @@ def op_class(op: AnyOp) -> str | None:
     """The communication or offload class an op belongs to (None: compute and GPU optimizer)."""
     if isinstance(op, Send):
         return "pipeline sends"
+    if isinstance(op, Compute) and op.stream is not Stream.COMPUTE:
+        return "gradient reductions"   # kernels on a reduction stream (side_compute): they serve its buckets
     if isinstance(op, Collective):
         if op.axis is Axis.TP:
             return "tensor parallel"
@@ -62,7 +64,14 @@ class TimeBreakdown:
         kind = op_class(op)
         if kind is not None:
             self.exposed_by_class[kind] += seconds
-        if isinstance(op, Compute):
+        if isinstance(op, Compute) and op.stream is not Stream.COMPUTE:
+            # the copies and quantizers a reduction stream runs around its collectives: what
+            # the compute stream waits for there is the gradient reduction's exposed time
+            self.exposed_comm_s += seconds
+            self.exposed_by_kind[f"{op.stream} kernels"] += seconds
+            self.exposed_comm_by_purpose["grad bucket"] += seconds
+            self.exposed_by_layer["-" if op.layer is None else str(op.layer)] += seconds
+        elif isinstance(op, Compute):
             self.compute_s += seconds
         elif isinstance(op, GpuOptimizer):
             self.optimizer_s += seconds
