@@ -68,7 +68,7 @@ class TimeBreakdown:
             # the copies and quantizers a reduction stream runs around its collectives: what
             # the compute stream waits for there is the gradient reduction's exposed time
             self.exposed_comm_s += seconds
-            self.exposed_by_kind[f"{op.stream} kernels"] += seconds
+            self.exposed_by_kind[f"kernels on the {op.stream} stream"] += seconds
             self.exposed_comm_by_purpose["grad bucket"] += seconds
             self.exposed_by_layer["-" if op.layer is None else str(op.layer)] += seconds
         elif isinstance(op, Compute):
