@@ -66,6 +66,7 @@ class Zero12Planner(Planner):
         self.bucket = DeepSpeedBucket(STAGE0_BUCKET if self.stage == 0 or self.accumulation
                                       else self.z.reduce_bucket_size)
         self.in_flight: OpRef | None = None   # the last bucket reduction launched (overlap_comm)
+        self.bucketed = 0                      # gradient elements reduced so far in this backward
         self.offload_copies: list[OpRef] = []
         self.delayed: OpRef | None = None     # the delayed update's last copy (start_of_step)
         self.padded = flat_padded(self.grad_psi, self.dp)   # the optimizer's flat partition (trainable tensors)
@@ -120,14 +121,17 @@ class Zero12Planner(Planner):
         self.b.host_sync(self.in_flight)   # epilogue: device synchronize
         self.b.host_sync(self.offload_copies[-1] if self.offload_copies else None)
         self.in_flight = None
+        self.bucketed = 0
 
     def reduce_bucket(self, elements: int, ms: int, producer: OpRef | None, layer: int | None) -> None:
         overlap = self.z.overlap_comm and self.stage > 0 and not self.accumulation
         stream = Stream.REDUCE if overlap else Stream.COMPUTE
         nbytes = elements * self.comm_bytes
+        owners = self._owners(elements)
+        copied = self._copy_into_bucket(elements, ms, producer, layer)   # in the hooks, before the flush
         if overlap:
             self.wait_before_next_compute(self.in_flight)   # compute waits for bucket k-1
-        staged = self._stage_bucket(elements, ms, producer, layer, stream)
+        staged = self._average_and_flatten(elements, owners, ms, copied, layer, stream)
         last: OpRef | None = None
         if self.in_hooks() and self.z.reduce_scatter and not self.z.use_multi_rank_bucket_allreduce:
             for _dst in range(self.dp):
@@ -136,7 +140,7 @@ class Zero12Planner(Planner):
         else:
             last = self.collective(stream, Coll.ALL_REDUCE, nbytes, "bucket all-reduce", Phase.BWD, ms,
                                    deps=[staged], layer=layer, purpose="grad bucket")
-        last = self._unstage_bucket(elements, ms, last, layer, stream)
+        last = self._unstage_bucket(elements, owners, ms, last, layer, stream)
         self.in_flight = last
         if self.offload and ms == self.boundary:
             # issued on the reduction's stream ("a separate copy stream is disabled because of race
@@ -145,44 +149,67 @@ class Zero12Planner(Planner):
                                                  Phase.BWD, ms, stream=stream, deps=[last], layer=layer,
                                                  pageable=not self.z.offload_optimizer.pin_memory))
 
+    def _owners(self, elements: int) -> int:
+        """How many ranks' partitions the bucket's elements fall in. Gradients arrive in
+        reverse parameter order, so the bucket covers the `elements` before the ones bucketed
+        so far in this backward, counted from the end of the flat buffer that the
+        optimizer cuts into dp equal partitions (one parameter group)."""
+        end = max(self.grad_psi - self.bucketed, elements)
+        self.bucketed += elements
+        size = self.padded / self.dp
+        return int((end - 1) // size) - int((end - elements) // size) + 1
+
     def _copies_grads(self) -> bool:
         """ZeRO-1/2's own optimizer (not stage 0's engine all-reduce, not BF16_Optimizer) moves
         every reduced gradient through its contiguous IPG bucket."""
         return self.stage > 0 and not self.accumulation
 
-    def _stage_bucket(self, elements: int, ms: int, producer: OpRef | None, layer: int | None,
-                      stream: Stream) -> OpRef | None:
-        """stage_1_and_2.py as of v0.19: the gradient hook copies each gradient into the IPG
-        bucket (`reduce_independent_p_g_buckets_and_remove_grads`, `new_grad_tensor.copy_`, on
-        the hook's stream; a gradient larger than the bucket skips it); `average_tensor`
-        divides the bucket by dp in place (`tensor.div_`) and, with `reduce_scatter`,
-        `allreduce_bucket` flattens its slices into a new tensor (`torch.cat`) on the
-        reduction stream. Each is a read and a write of the bucket: memory-bound."""
-        if not self._copies_grads():
+    def _copy_into_bucket(self, elements: int, ms: int, producer: OpRef | None, layer: int | None) -> OpRef | None:
+        """stage_1_and_2.py as of v0.19: each gradient's hook copies it into the IPG bucket
+        (`reduce_independent_p_g_buckets_and_remove_grads`, `new_grad_tensor.copy_`) on the
+        compute stream, before the bucket is flushed; a gradient larger than the bucket is
+        reduced where it lies. A read and a write: memory-bound."""
+        if not self._copies_grads() or elements > self.z.reduce_bucket_size:
             return producer
-        bucket = elements * self.comm_bytes
-        last = producer
-        if elements <= self.z.reduce_bucket_size:
-            last = self.compute("copy gradients into the IPG bucket", Phase.BWD, ms,
-                                (memory("IPG bucket copy", 2.0 * bucket),), layer, [producer])
-        kernels: tuple[Kernel, ...] = (memory("average_tensor div_", 2.0 * bucket),)
-        if self.z.reduce_scatter:
-            kernels += (memory("allreduce_bucket flatten (torch.cat)", 2.0 * bucket),)
-        return self.kernels_on(stream, "average and flatten the bucket", Phase.BWD, ms, kernels, layer, [last])
+        return self.compute("copy gradients into the IPG bucket", Phase.BWD, ms,
+                            (memory("IPG bucket copy", 2.0 * elements * self.comm_bytes),), layer, [producer])
 
-    def _unstage_bucket(self, elements: int, ms: int, reduced: OpRef | None, layer: int | None,
-                        stream: Stream) -> OpRef | None:
-        """After the reduction each rank copies its own slices back into the bucket
-        (`allreduce_and_copy_with_multiple_ranks`, `buf.copy_(synced)`) and from there into its
-        gradient partition (`copy_grads_in_partition`; an add on a later micro-step of an
-        accumulation): 1/dp of the bucket each."""
+    def _average_and_flatten(self, elements: int, owners: int, ms: int, copied: OpRef | None, layer: int | None,
+                             stream: Stream) -> OpRef | None:
+        """With `reduce_scatter`, `average_tensor` divides the bucket by dp in place
+        (`tensor.div_`) on the reduction stream and merges neighbouring slices bound for the
+        same rank; when the bucket spans more than one rank's partition, `allreduce_bucket`
+        flattens its slices into a new tensor (`torch.cat`; one slice is flattened to a view).
+        A read and a write of the bucket each."""
         if not self._copies_grads() or not self.z.reduce_scatter:
+            return copied
+        bucket = elements * self.comm_bytes
+        kernels: tuple[Kernel, ...] = (memory("average_tensor div_", 2.0 * bucket),)
+        if owners > 1:
+            kernels += (memory("allreduce_bucket flatten (torch.cat)", 2.0 * bucket),)
+        return self.kernels_on(stream, "average and flatten the bucket", Phase.BWD, ms, kernels, layer, [copied])
+
+    def _unstage_bucket(self, elements: int, owners: int, ms: int, reduced: OpRef | None, layer: int | None,
+                        stream: Stream) -> OpRef | None:
+        """After the reduction: with `reduce_scatter` and a flattened bucket, each rank copies
+        its own slices back into the bucket (`allreduce_and_copy_with_multiple_ranks`,
+        `buf.copy_(synced)`; an unflattened slice is the same memory, and torch skips the
+        copy); without it, `gradient_reduction_w_predivide` post-scales the whole bucket by
+        1/dp (`mul_`). Then each rank copies the gradients of its partition out of the bucket
+        (`copy_grads_in_partition`; with ZeRO-Offload they go to the host instead:
+        reduce_bucket). Per rank on average 1/dp of the bucket is its own."""
+        if not self._copies_grads():
             return reduced
-        own = elements * self.comm_bytes / self.dp
-        kernels: tuple[Kernel, ...] = (memory("copy back own slices", 2.0 * own),)
-        if not self.offload:   # with ZeRO-Offload the partition goes to the host instead (reduce_bucket)
-            into_partition = (3.0 if ms > 0 and self.stage == ZeroStage.GRADIENTS else 2.0) * own
-            kernels += (memory("copy_grads_in_partition", into_partition),)
+        bucket = elements * self.comm_bytes
+        kernels: tuple[Kernel, ...] = ()
+        if not self.z.reduce_scatter:
+            kernels += (memory("gradient_reduction_w_predivide mul_", 2.0 * bucket),)
+        elif owners > 1:
+            kernels += (memory("copy back own slices", 2.0 * bucket / self.dp),)
+        if not self.offload:
+            kernels += (memory("copy_grads_in_partition", 2.0 * bucket / self.dp),)
+        if not kernels:
+            return reduced
         return self.kernels_on(stream, "copy this rank's reduced slices into its partition", Phase.BWD, ms,
                                kernels, layer, [reduced])
 

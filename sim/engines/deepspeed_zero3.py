@@ -333,17 +333,21 @@ class Zero3Planner(Planner):
         shapes = self.bucket_shapes
         self.bucket_padded = self.bucket_tensors = 0
         self.bucket_shapes = []
-        if self.qgz:
-            rs = qgz_reduce(self, shapes, ms, producer, layer)
+        numels = [n for n, _ in shapes]
+        if self.qgz:   # qgZ replaces only the averaging scatter (`__avg_scatter_grads`)
+            copy = self._ipg_copy(numels)
+            staged = self.kernels_on(Stream.REDUCE, "copy gradients into the IPG bucket", Phase.BWD, ms, copy, layer,
+                                     [producer]) if copy else producer
+            rs = qgz_reduce(self, shapes, ms, staged, layer)
         else:
             staged = self.kernels_on(Stream.REDUCE, "stage the gradient bucket", Phase.BWD, ms,
-                                     self._staging_kernels(padded, [n for n, _ in shapes]), layer, [producer])
+                                     self._staging_kernels(padded, numels), layer, [producer])
             rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, self.h * padded, "reduce_scatter bucket",
                                  Phase.BWD, ms, deps=[staged], layer=layer, purpose="grad bucket", pieces=pieces)
-            if not self.z.offload_optimizer.enabled:   # offloaded, the partition goes through the host
-                rs = self.kernels_on(Stream.REDUCE, "partition_grads", Phase.BWD, ms,
-                                     (kn.memory("partition_grads copy / add", (3.0 if ms else 2.0) * self.h * padded
-                                                / self.dp),), layer, [rs])
+        if not self.z.offload_optimizer.enabled:   # offloaded, the partition goes through the host
+            rs = self.kernels_on(Stream.REDUCE, "partition_grads", Phase.BWD, ms,
+                                 (kn.memory("partition_grads copy / add", (3.0 if ms else 2.0) * self.h * padded
+                                            / self.dp),), layer, [rs])
         if self.z.offload_optimizer.enabled:
             rs = self._through_the_host_buffer(rs, ms, layer, padded)
         self.last_reduction = rs
@@ -357,15 +361,20 @@ class Zero3Planner(Planner):
                                  "NVMe swap-out of fp32 gradients", Phase.BWD, ms, deps=[down], layer=layer)
             self.offload_copies.append(down)
 
+    def _ipg_copy(self, numels: list[int]) -> tuple[kn.Kernel, ...]:
+        """stage3.py as of v0.19 `__add_grad_to_ipg_bucket`: each gradient is copied into the
+        contiguous IPG buffer on the reduce stream, unless it alone exceeds
+        `reduce_bucket_size` (then it is reduced where it lies). A read and a write."""
+        copied = sum(n for n in numels if n <= self.z.reduce_bucket_size)
+        return (kn.memory("IPG bucket copy", 2.0 * self.h * copied),) if copied else ()
+
     def _staging_kernels(self, padded: float, numels: list[int]) -> tuple[kn.Kernel, ...]:
-        """The bucket's memory passes before its reduce-scatter, stage3.py as of v0.19: each
-        gradient copied into the contiguous IPG buffer on the reduce stream
-        (`__add_grad_to_ipg_bucket`), then coalesced_collectives.py `reduce_scatter_coalesced`
-        interleaves the per-rank chunks into a new flat tensor (`torch.cat`, skipped for one
-        tensor that needs no padding) and pre-divides it in place (`div_`). Each is a read
-        and a write of the bucket."""
+        """The bucket's memory passes before its reduce-scatter: the IPG copy (`_ipg_copy`),
+        then coalesced_collectives.py `reduce_scatter_coalesced` interleaves the per-rank
+        chunks into a new flat tensor (`torch.cat`, skipped for one tensor that needs no
+        padding) and pre-divides it in place (`div_`): a read and a write of the bucket each."""
         bucket = self.h * padded
-        kernels: tuple[kn.Kernel, ...] = (kn.memory("IPG bucket copy", 2.0 * bucket),)
+        kernels = self._ipg_copy(numels)
         if len(numels) > 1 or numels[0] % self.dp:
             kernels += (kn.memory("reduce_scatter_coalesced torch.cat", 2.0 * bucket),)
         return kernels + (kn.memory("reduce_scatter_coalesced div_", 2.0 * bucket),)

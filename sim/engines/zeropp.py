@@ -114,12 +114,12 @@ def qgz_reduce(p: Any, shapes: list[tuple[int, int]], ms: int, producer: OpRef |
                                 purpose="grad bucket", pieces=p.dp)
             continue
         before, between, after = zpp.gradient_kernels(n, local)
-        q = p.b.side_compute(Stream.REDUCE, "qgZ quantize", Phase.BWD, ms, kernels=before, layer=layer, deps=[last])
+        q = p.kernels_on(Stream.REDUCE, "qgZ quantize", Phase.BWD, ms, before, layer, [last])
         hop = p.collective(Stream.REDUCE, Coll.ALL_TO_ALL, zpp.int4_bytes(n), "qgZ all-to-all in the node",
                            Phase.BWD, ms, axis=Axis.DP_NODE, deps=[q], layer=layer, purpose="grad bucket")
-        mid = p.b.side_compute(Stream.REDUCE, "qgZ reduce", Phase.BWD, ms, kernels=between, layer=layer, deps=[hop])
+        mid = p.kernels_on(Stream.REDUCE, "qgZ reduce", Phase.BWD, ms, between, layer, [hop])
         hop = p.collective(Stream.REDUCE, Coll.ALL_TO_ALL, zpp.int4_bytes(n / local), "qgZ all-to-all across nodes",
                            Phase.BWD, ms, axis=Axis.DP_ACROSS, deps=[mid], layer=layer, purpose="grad bucket")
-        last = p.b.side_compute(Stream.REDUCE, "qgZ dequantize", Phase.BWD, ms, kernels=after, layer=layer, deps=[hop])
+        last = p.kernels_on(Stream.REDUCE, "qgZ dequantize", Phase.BWD, ms, after, layer, [hop])
     assert last is not None
     return last
