@@ -15,6 +15,8 @@ Without CSV arguments it reads shared/validation/published-*.csv next to the rep
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import multiprocessing as mp
 import os
 import re
@@ -30,6 +32,7 @@ from typing import Any, Protocol
 from sim.core.errors import InputError
 from sim.des.engine import Mode
 from sim.engines.plan import check_work
+from sim.inputs.reading import read_text
 from sim.inputs.scenario import Scenario
 from sim.simulate import simulate
 from sim.studies.fit_report import engine_label
@@ -45,6 +48,23 @@ def default_csvs() -> list[Path]:
         if found:
             return found
     return []
+
+
+def calibration_table(description: str) -> Path:
+    """The published-calibration.csv a table benchmark reads: its one optional argument,
+    else the shared folder's."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("csv", nargs="?", type=Path, default=None)
+    path = parser.parse_args().csv or next((p for p in default_csvs() if p.name == "published-calibration.csv"), None)
+    if path is None:
+        raise SystemExit("published-calibration.csv not found (../shared/validation)")
+    return path
+
+
+def template_rows(path: Path, ids: set[str]) -> dict[str, dict[str, str]]:
+    """The cells of the rows `ids`, to build a publication's other rows from."""
+    rows = csv.DictReader(io.StringIO(read_text(path)))
+    return {r["id"]: {k: (v or "") for k, v in r.items() if k} for r in rows if r.get("id") in ids}
 
 
 class Simulable(Protocol):

@@ -15,16 +15,11 @@ Run: python bench/sc21_table2.py [CSV]. Needs ../shared/validation; about a minu
 
 from __future__ import annotations
 
-import argparse
-import csv
-import io
 from dataclasses import replace
-from pathlib import Path
 
-from published_baseline import default_csvs
+from published_baseline import calibration_table, template_rows
 
 from sim.core.errors import InputError
-from sim.inputs.reading import read_text
 from sim.inputs.zero_config import CURRENT_VERSION, LEGACY_VERSION
 from sim.simulate import simulate
 from sim.studies.published import row_from_fields
@@ -36,11 +31,6 @@ TABLE2 = [("ZeRO-3", "VP011", 384, 4, 1536, 144), ("ZeRO-3", "VP011", 768, 2, 15
           ("PTD-P", "VP017", 384, 1, 1536, 153), ("PTD-P", "VP017", 768, 1, 1536, 149),
           ("PTD-P", "VP017", 1536, 1, 1536, 141), ("PTD-P", "VP020", 560, 1, 2240, 171),
           ("PTD-P", "VP020", 1120, 1, 2240, 167), ("PTD-P", "VP020", 2240, 1, 2240, 159)]
-
-
-def templates(path: Path) -> dict[str, dict[str, str]]:
-    rows = csv.DictReader(io.StringIO(read_text(path)))
-    return {r["id"]: {k: (v or "") for k, v in r.items() if k} for r in rows if r.get("id") in {t[1] for t in TABLE2}}
 
 
 def fields(base: dict[str, str], gpus: int, micro: int, batch: int, tflops: float) -> dict[str, str]:
@@ -62,13 +52,7 @@ def simulated(scenario, legacy: bool) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("csv", nargs="?", type=Path, default=None)
-    args = parser.parse_args()
-    path = args.csv or next((p for p in default_csvs() if p.name == "published-calibration.csv"), None)
-    if path is None:
-        raise SystemExit("published-calibration.csv not found (../shared/validation)")
-    base = templates(path)
+    base = template_rows(calibration_table(__doc__), {t[1] for t in TABLE2})
     print("| scheme | model | GPUs | micro | batch | published TFLOP/s | published s | current DeepSpeed s "
           "| DeepSpeed 0.5 s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
