@@ -11,7 +11,7 @@ VP468, VP471); this script builds all ten from VP465's cells with the table's sp
 micro-batch, global batch and seconds per iteration, so the rows can be read against each
 other: the same layout at two global batches, or two micro-batches at one global batch.
 
-Run: python bench/bloom_topologies.py [CSV]. Needs ../shared/validation; about a minute.
+Run: python bench/bloom_topologies.py [CSV]. Needs ../shared/validation; about 20 seconds.
 """
 
 from __future__ import annotations

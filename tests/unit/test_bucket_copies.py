@@ -55,19 +55,23 @@ def test_zero12_copies_every_reduced_bucket_into_and_out_of_the_ipg_bucket(strat
 def test_zero12_flattens_and_copies_back_only_buckets_that_span_two_partitions(bucket):
     """average_tensor merges a bucket's slices bound for one rank; one slice is flattened to
     a view and copied onto itself, which torch skips. So at most one bucket per partition
-    boundary pays the flatten and the copy back, and a bucket larger than a partition always
-    does."""
+    boundary pays the flatten and the copy back; a bucket larger than a partition does, and
+    so do smaller ones that straddle a boundary (where the bucket lies in the flat buffer
+    matters); every reducing micro-step alike."""
     s = tiny("ds-zero2", extra_zero={"reduce_bucket_size": bucket})
-    dp = s.parallel.dp
-    per_backward = [op for op in grad_buckets(plan(s).ops(0)) if op.micro_step == 0]
-    ops = [op for op in plan(s).ops(0) if op.micro_step == 0]
-    flattened = [op for op in named(ops, "average and flatten the bucket") if kernel_bytes([op], "flatten")]
-    copied_back = [op for op in named(ops, "copy this rank's reduced slices") if kernel_bytes([op], "copy back")]
-    assert len(flattened) == len(copied_back) <= dp - 1 < len(per_backward)
-    partition = sum(op.nbytes for op in per_backward) / dp
-    large = [op for op in per_backward if op.nbytes > partition]
-    assert len(flattened) >= len(large)
-    assert kernel_bytes(copied_back, "copy back") == pytest.approx(kernel_bytes(flattened, "flatten") / dp)
+    dp, ops = s.parallel.dp, list(plan(s).ops(0))
+    counts = []
+    for ms in (0, 1):
+        reduced = [op for op in grad_buckets(ops) if op.micro_step == ms]
+        at = [op for op in ops if op.micro_step == ms]
+        flattened = [op for op in named(at, "average and flatten the bucket") if kernel_bytes([op], "flatten")]
+        copied_back = [op for op in named(at, "copy this rank's reduced slices") if kernel_bytes([op], "copy back")]
+        assert len(flattened) == len(copied_back) <= dp - 1 < len(reduced)
+        partition = sum(op.nbytes for op in reduced) / dp
+        assert len(flattened) > len([op for op in reduced if op.nbytes > partition])
+        assert kernel_bytes(copied_back, "copy back") == pytest.approx(kernel_bytes(flattened, "flatten") / dp)
+        counts.append(len(flattened))
+    assert counts[0] == counts[1]
 
 
 def test_zero12_hook_copies_are_not_held_behind_the_previous_buckets_reduction():
