@@ -128,6 +128,7 @@ class Zero12Planner(Planner):
         stream = Stream.REDUCE if overlap else Stream.COMPUTE
         nbytes = elements * self.comm_bytes
         owners = self._owners(elements)
+        self.bucketed += elements
         copied = self._copy_into_bucket(elements, ms, producer, layer)   # in the hooks, before the flush
         if overlap:
             self.wait_before_next_compute(self.in_flight)   # compute waits for bucket k-1
@@ -155,7 +156,6 @@ class Zero12Planner(Planner):
         so far in this backward, counted from the end of the flat buffer that the
         optimizer cuts into dp equal partitions (one parameter group)."""
         end = max(self.grad_psi - self.bucketed, elements)
-        self.bucketed += elements
         size = self.padded / self.dp
         return int((end - 1) // size) - int((end - elements) // size) + 1
 
