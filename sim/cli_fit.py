@@ -15,11 +15,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sim.cli_checks import CLI, check_int, check_output_path, comma_choices, image_suffixes, strict_json, written
+from sim.cli_checks import (
+    CLI,
+    check_int,
+    check_number,
+    check_output_path,
+    comma_choices,
+    image_suffixes,
+    strict_json,
+    written,
+)
 from sim.core.errors import InputError
 from sim.inputs.catalog import catalog_dir
 from sim.studies import fit_report as report
-from sim.studies.fit import MAX_ITERATIONS, FitRow, fit
+from sim.studies.fit import F_SCALE, MAX_ITERATIONS, FitRow, fit
 from sim.studies.fit_params import CLUSTER_BOUNDS, GPU_BOUNDS, HOST_BOUNDS, write_files
 from sim.studies.published import read_rows
 
@@ -32,6 +41,8 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=2, help="simulations run at once (default 2)")
     p.add_argument("--iterations", type=int, default=MAX_ITERATIONS,
                    help=f"trust-region iterations per fit (default {MAX_ITERATIONS})")
+    p.add_argument("--loss-knee", type=float, default=F_SCALE,
+                   help=f"log error beyond which a row's residual counts linearly, not squared (soft-L1; default {F_SCALE})")
     p.add_argument("--params", default="", help=f"comma-separated keys to fit (default all): {', '.join(KEYS)}")
     p.add_argument("--only", default="", help="comma-separated row ids to use (default all usable rows)")
     p.add_argument("--write-hardware", metavar="DIR", help="write the catalog hardware files with the "
@@ -76,6 +87,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     folds = check_int(args.folds, "--folds", low=1, high=50)
     jobs = check_int(args.jobs, "--jobs", low=1, high=256)
     iterations = check_int(args.iterations, "--iterations", low=1, high=100)
+    knee = check_number(args.loss_knee, "--loss-knee", low=0.0, high=1.0, low_open=True)
     params = comma_choices(args.params, "--params", KEYS, "parameter")
     csv_out = check_output_path(args.csv, "--csv", ("csv",)) if args.csv else None
     plot_out = check_output_path(args.plot, "--plot", image_suffixes()) if args.plot else None
@@ -86,7 +98,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     rows = _rows(args)
     progress = None if args.quiet else (lambda line: print(f"zerosim fit: {line}", file=sys.stderr, flush=True))
     result = fit(rows, folds=folds if folds > 1 else 0, jobs=jobs, only=params, iterations=iterations,
-                 progress=progress, priors=catalog_dir("hardware") if args.from_priors else None)
+                 progress=progress, priors=catalog_dir("hardware") if args.from_priors else None, knee=knee)
     df = report.table(rows, result)
     stats = report.summary(df)
     if csv_out:

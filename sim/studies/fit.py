@@ -66,6 +66,7 @@ class FitResult:
     chosen: dict[str, Scenario] = field(default_factory=dict)   # in-sample: the fastest variant of a row with several
     fold_values: list[list[float]] = field(default_factory=list)
     simulations: int = 0
+    knee: float = F_SCALE                          # the soft-L1 loss's knee it was fitted with
 
 
 _ROWS: list[FitRow] = []             # set before the worker pool forks
@@ -157,9 +158,10 @@ def residuals(ev: Evaluator, idx: Sequence[int], x: Sequence[float]) -> np.ndarr
     return np.where(np.isfinite(r), r, math.log(2.0))
 
 
-def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations: int = MAX_ITERATIONS) -> list[float]:
-    """Bounded robust least squares on the rows `idx`, from `x0`; parameters that none of
-    these rows depends on stay at `x0`."""
+def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations: int = MAX_ITERATIONS,
+             knee: float = F_SCALE) -> list[float]:
+    """Bounded robust least squares on the rows `idx`, from `x0` (soft-L1 with its knee at
+    `knee` of log error); parameters that none of these rows depends on stay at `x0`."""
     free = [j for j in range(len(ev.params)) if any(j in ev.deps[i] for i in idx)]
     if not free:
         return list(x0)
@@ -181,7 +183,7 @@ def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations:
     u0 = np.clip((np.array([x0[j] for j in free]) - lo) / span, 0.0, 1.0)
     # least_squares steps by diff_step x max(1, |u|): u lies in [0, 1], so the step is DIFF_STEP of the range
     out = least_squares(lambda u: residuals(ev, idx, full(u)), u0, bounds=(0.0, 1.0), method="trf",
-                        loss="soft_l1", f_scale=F_SCALE, jac="2-point", jac_sparsity=sparsity,
+                        loss="soft_l1", f_scale=knee, jac="2-point", jac_sparsity=sparsity,
                         diff_step=DIFF_STEP, x_scale="jac", max_nfev=iterations + 1, xtol=1e-3, ftol=1e-4)
     return full(out.x)
 
@@ -194,8 +196,9 @@ def folds_of(rows: Sequence[FitRow], k: int) -> list[list[int]]:
 
 def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence[str] = (),
         iterations: int = MAX_ITERATIONS, progress: Callable[[str], None] | None = None,
-        priors: Path | None = None) -> FitResult:
-    """Fit on all rows (in-sample) and, with `folds` > 1, on each k-1 folds (cross-validated).
+        priors: Path | None = None, knee: float = F_SCALE) -> FitResult:
+    """Fit on all rows (in-sample) and, with `folds` > 1, on each k-1 folds (cross-validated),
+    each with the soft-L1 loss's knee at `knee`.
     Every fit starts from the catalog's values, or with `priors` (the catalog's hardware
     folder) from the priors its fitted keys' comments keep (sim.studies.fit_params.prior_values)."""
     params = parameters([r.scenario for r in rows], only)
@@ -207,17 +210,18 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
         everything = [i for i in range(len(rows)) if _PLANS[i][0] is not None]   # the rest: not simulated
         if progress:
             progress(f"fitting {len(params)} parameters to {len(rows)} rows")
-        values = fit_rows(ev, everything, x0, iterations)
+        values = fit_rows(ev, everything, x0, iterations, knee)
         predicted = dict(zip((rows[i].id for i in everything), ev.predict(everything, values).tolist(), strict=True))
         result = FitResult(params, x0, values, predicted,
-                           chosen={rows[i].id: ev.chosen(i, values) for i in everything if rows[i].alternatives})
+                           chosen={rows[i].id: ev.chosen(i, values) for i in everything if rows[i].alternatives},
+                           knee=knee)
         if folds > 1:
             for f, fold in enumerate(folds_of(rows, folds)):
                 test = [i for i in fold if i in everything]
                 if progress:
                     progress(f"fold {f + 1} of {folds}: {len(test)} rows held out")
                 train = [i for i in everything if i not in test]
-                fold_x = fit_rows(ev, train, x0, iterations)
+                fold_x = fit_rows(ev, train, x0, iterations, knee)
                 result.fold_values.append(fold_x)
                 for i, t in zip(test, ev.predict(test, fold_x).tolist(), strict=True):
                     result.cross_validated[rows[i].id] = t

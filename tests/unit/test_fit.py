@@ -53,6 +53,19 @@ def test_fit_stays_inside_the_bounds():
     assert v == pytest.approx(p.low, abs=0.02)
 
 
+def test_a_smaller_knee_lets_an_outlier_pull_less():
+    """Soft-L1: a row 50% slow (a mechanism the model lacks) drags a near-quadratic fit
+    (knee 1) off the value that made the other rows; with the knee at 2% it counts
+    linearly and the fit stays near that value."""
+    rows = rows_made_with({"A100.matmul_efficiency": 0.7})
+    rows[0] = replace(rows[0], measured_s=rows[0].measured_s * 1.5)
+    got = {knee: fit(rows, folds=0, jobs=1, only=("matmul_efficiency",), knee=knee) for knee in (1.0, 0.02)}
+    assert all(r.knee == k for k, r in got.items())
+    off = {knee: abs(r.values[0] - 0.7) for knee, r in got.items()}
+    assert off[0.02] < 0.5 * off[1.0]
+    assert off[0.02] < 0.02
+
+
 def test_cross_validation_predicts_each_row_from_the_other_folds():
     rows = rows_made_with({"A100.matmul_efficiency": 0.7})
     result = fit(rows, folds=3, jobs=1, only=("matmul_efficiency",))
@@ -110,6 +123,8 @@ def test_priors_are_read_back_from_the_comments_a_fit_wrote(tmp_path):
     (["fit", "missing.csv"], "missing.csv"),
     (["fit", "x.csv", "--folds", "0"], "--folds"),
     (["fit", "x.csv", "--params", "warp_drive"], "--params"),
+    (["fit", "x.csv", "--loss-knee", "0"], "--loss-knee"),
+    (["fit", "x.csv", "--loss-knee", "nan"], "--loss-knee"),
     (["fit", "x.csv", "--write-hardware", "no/such/folder"], "--write-hardware"),
 ])
 def test_bad_fit_options_exit_2_naming_the_key(argv, key, capsys, tmp_path, monkeypatch):
