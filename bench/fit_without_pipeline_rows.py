@@ -10,7 +10,7 @@ shipped fit's in docs/fidelity.md to see what those rows cost the others.
 
 Run: python bench/fit_without_pipeline_rows.py [CSV ...] [--folds K] [--jobs N]
 Without CSV arguments it reads shared/validation/published-*.csv next to the repository.
-Not a test: with 5 folds it takes about an hour on two cores (1 fold: about 12 minutes).
+Not a test: with 5 folds it takes about 45 minutes on two cores (1 fold: about 8 minutes).
 """
 
 from __future__ import annotations
