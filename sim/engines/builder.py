@@ -276,9 +276,9 @@ class Builder:
             if deps:
                 kw["deps"] = tuple(base + d for d in deps)
             if "waits_for" in kw:
-                kw["waits_for"] = tuple(PipeTag(t.direction, micro_step, t.chunk) for t in kw["waits_for"])
+                kw["waits_for"] = tuple(dataclasses.replace(t, micro_step=micro_step) for t in kw["waits_for"])
             if "tag" in kw:
-                kw["tag"] = PipeTag(kw["tag"].direction, micro_step, kw["tag"].chunk)
+                kw["tag"] = dataclasses.replace(kw["tag"], micro_step=micro_step)
             op = cls(**kw)
             append(_Draft(cls, op.stream, {}, ready=op))
         for stream, ref in template.last:

@@ -1,7 +1,9 @@
 """Policies the engine planners are composed of, instead of each engine writing its own copy.
 
-- Pipeline order (`Sequential`, `OneFOneB`): in what order a pipeline stage runs the forward
-  and backward passes of the micro-batches of a step.
+- Pipeline order (`Sequential`, `OneFOneB`, `Interleaved`): in what order a pipeline stage
+  runs the forward and backward passes of the micro-batches of a step;
+  `DeepSpeedTrainSchedule`: DeepSpeed's PipelineEngine instructions, the same passes in
+  the 1F1B order with its receives and blocking sends placed as it issues them.
 - Optimizer placement (`GpuAdam`, `TorchCpuAdam`; DeepSpeed's offloaded steps in
   sim.engines.offload): where the optimizer steps its parameters and what the compute stream
   waits for before the next step.
@@ -20,8 +22,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from sim.core.enums import Engine
 from sim.engines.builder import Builder
-from sim.engines.schedule import Alloc, OpRef, Phase, Stream
+from sim.engines.schedule import Alloc, Direction, OpRef, Phase, Stream
+from sim.inputs.scenario import Scenario
 
 
 class Part(StrEnum):
@@ -84,6 +88,68 @@ class Interleaved:
         for i in range(total - warmup):
             order += [at(warmup + i, Part.FORWARD), at(i, Part.BACKWARD)]
         return order + [at(i, Part.BACKWARD) for i in range(total - warmup, total)]
+
+
+class Pipe(StrEnum):
+    """A DeepSpeed pipeline instruction (deepspeed/runtime/pipe/schedule.py)."""
+
+    PASS = "pass"         # ForwardPass / BackwardPass
+    SEND = "send"         # SendActivation (forward) / SendGrad (backward)
+    RECV = "recv"         # RecvActivation (forward) / RecvGrad (backward)
+
+
+@dataclass(frozen=True, slots=True)
+class DeepSpeedTrainSchedule:
+    """DeepSpeed's PipelineEngine schedule (deepspeed/runtime/pipe/schedule.py
+    `TrainSchedule.steps`, `_step_to_micro_batch`): 2 (m + p - 1) steps; in step t stage k
+    runs a forward when t and k have the same parity, else a backward, of the micro-batch
+    the step maps to (none when out of range: the step only communicates). A forward step
+    receives its activation, then sends the gradient of the previous step's backward; a
+    backward step sends the activation of the previous step's forward, then receives its
+    gradient. The passes come out in `OneFOneB`'s order (tests/unit/
+    test_deepspeed_pipe_schedule.py); what differs is where the sends go and that every
+    send and receive blocks (pipe/p2p.py: `dist.send` / `dist.recv`)."""
+
+    def instructions(self, micro_steps: int, stages: int, stage: int) -> list[tuple[Pipe, Direction, int]]:
+        """(instruction, direction, micro-batch) in the order stage `stage` issues them;
+        the direction of a transfer is that of the data (forward: an activation)."""
+        out: list[tuple[Pipe, Direction, int]] = []
+        valid = range(micro_steps)
+        previous = -1
+        for step in range(2 * (micro_steps + stages - 1)):
+            mb, forward = self._micro_batch(step, stages, stage)
+            if forward and stage > 0:
+                out += [(Pipe.RECV, Direction.FORWARD, mb)] if mb in valid else []
+                out += [(Pipe.SEND, Direction.BACKWARD, previous)] if previous in valid else []
+            if not forward and stage < stages - 1:
+                out += [(Pipe.SEND, Direction.FORWARD, previous)] if previous in valid else []
+                out += [(Pipe.RECV, Direction.BACKWARD, mb)] if mb in valid else []
+            if mb in valid:
+                out.append((Pipe.PASS, Direction.FORWARD if forward else Direction.BACKWARD, mb))
+            previous = mb
+        return out
+
+    @staticmethod
+    def _micro_batch(step: int, stages: int, stage: int) -> tuple[int, bool]:
+        """`_step_to_micro_batch`: the micro-batch of `step` on `stage`, and whether forward."""
+        if step % 2 == stage % 2:
+            return (step - stage % 2) // 2 - stage // 2, True
+        if step % 2 == 0:
+            return step // 2 - stages + (stage + 1) // 2, False
+        return (step - 1) // 2 - stages + 1 + stage // 2, False
+
+
+def deepspeed_pipeline(s: Scenario) -> bool:
+    """DeepSpeed's PipelineEngine runs the stages (its own schedule and blocking p2p); with
+    virtual stages, a Megatron-only option, never."""
+    return s.engine is Engine.DEEPSPEED and s.parallel.pp > 1 and s.parallel.virtual_stages == 1
+
+
+def pipe_partitioned(s: Scenario) -> bool:
+    """DeepSpeed's PipelineEngine under TP sends 1/tp of each activation and gradient
+    (`is_pipe_partitioned`, `is_grad_partitioned`); an activation already split by sequence
+    parallelism is sent as it is here."""
+    return deepspeed_pipeline(s) and s.parallel.tp > 1 and not s.parallel.sequence_parallel
 
 
 def pipeline_order(stages: int, chunks: int = 1) -> PipelineOrder:

@@ -78,14 +78,18 @@ class Direction(StrEnum):
 class PipeTag:
     """What a pipeline receive waits for: the send of micro-step `micro_step` in `direction`
     by model chunk `chunk` (the sender's place in the whole pipeline: stage, or with
-    interleaving local chunk x pp + stage)."""
+    interleaving local chunk x pp + stage). `ready`: not the data but the receiver's
+    notice that it has posted the receive (DeepSpeed's blocking pairs: the sender's transfer
+    starts only then); `chunk` is then the receiver's."""
 
     direction: Direction
     micro_step: int
     chunk: int = 0
+    ready: bool = False
 
     def __str__(self) -> str:
-        return f"{self.direction.value}{self.micro_step}" + (f"c{self.chunk}" if self.chunk else "")
+        return (f"{'ready ' if self.ready else ''}{self.direction.value}{self.micro_step}"
+                + (f"c{self.chunk}" if self.chunk else ""))
 
 
 @dataclass(slots=True, kw_only=True)

@@ -26,6 +26,7 @@ from sim.des.engine import local_time
 from sim.des.host import host_cost
 from sim.engines.layout import Layout
 from sim.engines.plan import expected_dp_volume
+from sim.engines.policies import pipe_partitioned
 from sim.engines.schedule import AnyOp, Collective, Copy, Send
 from sim.inputs.scenario import Scenario
 from sim.results.step import SimulationResult
@@ -42,7 +43,7 @@ def expected_volume(s: Scenario) -> dict[str, float]:
                                 recomputed=plan.recomputed(blocks) if plan else 0,
                                 checkpoint_gathers=len(plan.segments(blocks)) if plan and s.partitioned_checkpoints else 0, **shape)
     pipe = pipeline_volume(0, p.pp, tp=p.tp, sequence_parallel=p.sequence_parallel,
-                           virtual_stages=p.virtual_stages, **shape)
+                           virtual_stages=p.virtual_stages, partitioned=pipe_partitioned(s), **shape)
     return add(expected_dp_volume(s), tp, pipe)
 
 

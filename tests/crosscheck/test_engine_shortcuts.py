@@ -10,7 +10,7 @@ import pytest
 from sim.des.class_plan import implied_deps
 from sim.des.engine import EventEngine, Mode
 from sim.engines.plan import layout_of, plan
-from sim.engines.schedule import ClassSchedule
+from sim.engines.schedule import ClassSchedule, Collective, Send
 from tests.crosscheck.scenarios import STRATEGIES, tiny, without_interference
 
 CASES = [(name, 1) for name in STRATEGIES] + [(name, 2) for name in
@@ -52,8 +52,10 @@ def test_tensor_parallel_all_reduces_take_the_closed_form_in_representative_mode
     times = engine._exclusive_times(0, cls)
     tp_ops = [op for op in cls.ops() if getattr(op, "purpose", "") == "tensor parallel"]
     assert tp_ops and all(op.id in times for op in tp_ops)
-    sends = [op for op in cls.ops() if op.purpose == "pipeline"]
+    sends = [op for op in cls.ops() if isinstance(op, Send)]
     assert sends and not any(op.id in times for op in sends)
+    gathers = [op for op in cls.ops() if isinstance(op, Collective) and op.purpose == "pipeline"]
+    assert gathers and all(op.id in times for op in gathers)    # DeepSpeed's partitions, over NVLink
 
 
 def reference_implied(cls: ClassSchedule) -> dict[int, bool]:
