@@ -168,16 +168,16 @@ def tensor_parallel_volume(blocks: int, embedding: bool, tp: int, *, seq_len: in
 
 def pipeline_volume(stage: int, pp: int, *, seq_len: int, micro_batch: int, hidden: int, tp: int,
                     sequence_parallel: bool, grad_accum: int, virtual_stages: int = 1,
-                    partitioned: bool = False) -> dict[str, float]:
+                    partitioned: bool = False, elem: int = 2) -> dict[str, float]:
     """1F1B sends of one stage: activations forward unless last, gradients back unless first;
     with v model chunks per stage (interleaved), each chunk sends unless it is the last (first)
-    of the whole pipeline: v - [stage is last] forward, v - [stage is first] back.
-    `partitioned` (DeepSpeed's PipelineEngine under TP): each send carries 1/tp, and the
+    of the whole pipeline: v - [stage is last] forward, v - [stage is first] back; `elem`
+    bytes per activation element. `partitioned` (DeepSpeed's PipelineEngine under TP): each send carries 1/tp, and the
     stage all-gathers over TP what it receives (forward unless first) and, in backward
     unless last, its own output and the received gradient (pipe/engine.py)."""
     if pp == 1:
         return {}
-    size = 2.0 * seq_len * micro_batch * hidden / (tp if sequence_parallel else 1)
+    size = elem * seq_len * micro_batch * hidden / (tp if sequence_parallel else 1)
     sends = (virtual_stages - (stage == pp - 1)) + (virtual_stages - (stage == 0))
     if not partitioned:
         return {"send_recv": grad_accum * sends * size}

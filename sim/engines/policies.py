@@ -103,12 +103,18 @@ class DeepSpeedTrainSchedule:
     """DeepSpeed's PipelineEngine schedule (deepspeed/runtime/pipe/schedule.py
     `TrainSchedule.steps`, `_step_to_micro_batch`): 2 (m + p - 1) steps; in step t stage k
     runs a forward when t and k have the same parity, else a backward, of the micro-batch
-    the step maps to (none when out of range: the step only communicates). A forward step
-    receives its activation, then sends the gradient of the previous step's backward; a
-    backward step sends the activation of the previous step's forward, then receives its
-    gradient. The passes come out in `OneFOneB`'s order (tests/unit/
-    test_deepspeed_pipe_schedule.py); what differs is where the sends go and that every
-    send and receive blocks (pipe/p2p.py: `dist.send` / `dist.recv`)."""
+    the step maps to (none when out of range: the step only communicates). Each step first
+    exchanges: the output of the stage's previous step leaves (a forward step sends the
+    previous backward's gradient, a backward step the previous forward's activation) and
+    the pass's own input arrives. Up to v0.8, a forward step received first and a backward
+    step sent first; from v0.9.0 (PR #2862, 2023-03) a forward step sends first and a
+    backward step receives first (`send_first`; recorded on v0.19.8 by
+    tests/validation/test_deepspeed_pipeline_runs.py). The passes come out in `OneFOneB`'s
+    order either way (tests/unit/test_deepspeed_pipe_schedule.py); what differs from it is
+    where the sends go and that every send and receive blocks (pipe/p2p.py: `dist.send` /
+    `dist.recv`)."""
+
+    send_first: bool = False
 
     def instructions(self, micro_steps: int, stages: int, stage: int) -> list[tuple[Pipe, Direction, int]]:
         """(instruction, direction, micro-batch) in the order stage `stage` issues them;
@@ -118,12 +124,13 @@ class DeepSpeedTrainSchedule:
         previous = -1
         for step in range(2 * (micro_steps + stages - 1)):
             mb, forward = self._micro_batch(step, stages, stage)
-            if forward and stage > 0:
-                out += [(Pipe.RECV, Direction.FORWARD, mb)] if mb in valid else []
-                out += [(Pipe.SEND, Direction.BACKWARD, previous)] if previous in valid else []
-            if not forward and stage < stages - 1:
-                out += [(Pipe.SEND, Direction.FORWARD, previous)] if previous in valid else []
-                out += [(Pipe.RECV, Direction.BACKWARD, mb)] if mb in valid else []
+            if (forward and stage > 0) or (not forward and stage < stages - 1):
+                direction = Direction.FORWARD if forward else Direction.BACKWARD
+                other = Direction.BACKWARD if forward else Direction.FORWARD
+                arrives = [(Pipe.RECV, direction, mb)] if mb in valid else []
+                leaves = [(Pipe.SEND, other, previous)] if previous in valid else []
+                receive_first = forward != self.send_first
+                out += arrives + leaves if receive_first else leaves + arrives
             if mb in valid:
                 out.append((Pipe.PASS, Direction.FORWARD if forward else Direction.BACKWARD, mb))
             previous = mb

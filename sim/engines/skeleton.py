@@ -239,8 +239,10 @@ class Planner(Checkpointing):
         return pipeline_order(self.layout.pp, self.v).order(self.t.grad_accum, self.layout.pp, self.stage_index)
 
     def activation_bytes_between_stages(self) -> float:
+        """s b h activations of the training dtype (16-bit in mixed precision, 4 B in fp32),
+        /t with sequence parallelism."""
         p = self.s.parallel
-        return 2.0 * self.t.seq_len * self.t.micro_batch * self.m.hidden / (p.tp if p.sequence_parallel else 1)
+        return self.elem(self.half) * self.t.seq_len * self.t.micro_batch * self.m.hidden / (p.tp if p.sequence_parallel else 1)
 
     def receives(self, direction: Direction) -> bool:
         """Does this stage's pass in `direction` (of the chunk being planned) start from a

@@ -43,7 +43,8 @@ def expected_volume(s: Scenario) -> dict[str, float]:
                                 recomputed=plan.recomputed(blocks) if plan else 0,
                                 checkpoint_gathers=len(plan.segments(blocks)) if plan and s.partitioned_checkpoints else 0, **shape)
     pipe = pipeline_volume(0, p.pp, tp=p.tp, sequence_parallel=p.sequence_parallel,
-                           virtual_stages=p.virtual_stages, partitioned=pipe_partitioned(s), **shape)
+                           virtual_stages=p.virtual_stages, partitioned=pipe_partitioned(s),
+                           elem=BYTES_PER_ELEMENT[t.precision.value], **shape)
     return add(expected_dp_volume(s), tp, pipe)
 
 

@@ -21,10 +21,10 @@ PHASES = {Phase.FWD: "forward", Phase.BWD: "backward", Phase.STEP: "optimizer"}
 def validation_scenario(strategy: str, model: dict[str, Any], world: int, *, seq_len: int,
                         micro_batch: int, grad_accum: int, cluster: str = "local-cpu",
                         zero: dict[str, Any] | None = None, reshard_root: bool | None = None,
-                        broadcast_buffers: bool = True) -> Scenario:
+                        broadcast_buffers: bool = True, pp: int = 1) -> Scenario:
     """The scenario a validation run corresponds to (fp32, no clipping, local-cpu or a
     calibrated profile of this machine); `reshard_root` and `broadcast_buffers` as the
-    run's FSDP2 root and DDP were configured. Kernels are `hf`: the runs' models
+    run's FSDP2 root and DDP were configured, `pp` pipeline stages. Kernels are `hf`: the runs' models
     (sim.validate.torch_models.LlamaLike and transformers' LlamaForCausalLM) are eager
     PyTorch with RMSNorm as Python arithmetic and rotate_half rotary, as Hugging Face's."""
     engine = "fsdp2" if strategy.startswith("fsdp2") else "deepspeed" if strategy.startswith("deepspeed") else strategy
@@ -45,6 +45,8 @@ def validation_scenario(strategy: str, model: dict[str, Any], world: int, *, seq
         table["ddp"] = {"broadcast_buffers": broadcast_buffers}
     if engine == "deepspeed":
         table["zero"] = {"stage": int(strategy[-1]), **(zero or {})}   # deepspeed-zeroN: code defaults
+    if pp > 1:             # DeepSpeed's PipelineEngine (sim.validate.deepspeed_pipe_runs)
+        table["parallel"] = {"pp": pp}
     return scenario_from_table(table, Path("sim/validate/compare.py"), f"validate-{strategy}-{world}")
 
 

@@ -27,6 +27,7 @@ OPS = {
     c10d.reduce_scatter_tensor_coalesced_: ("reduce_scatter", "in"),
     c10d.alltoall_base_: ("all_to_all", "in"),
 }
+P2P = {c10d.send: "send", c10d.recv_: "recv"}    # (tensors, group, peer rank, tag): DeepSpeed's pipe/p2p.py
 
 
 funcol = torch.ops._c10d_functional
@@ -61,6 +62,7 @@ class Collective:
     phase: str
     order: int
     functional: bool = False    # a DTensor functional collective (tensor parallelism), not a c10d one
+    peer: int = -1              # a send's destination or a receive's source (rank in its group)
 
 
 @dataclass
@@ -81,6 +83,10 @@ class CollectiveRecorder(TorchDispatchMode):
             name, group = FUNCTIONAL[packet], _group_size(args[-1])
             nbytes = _nbytes(_tensors(args[0])) * (group if name == "all_gather" else 1)
             self.log.append(Collective(name, nbytes, group, self.phase, len(self.log), functional=True))
+        elif packet in P2P:
+            peer = next(a for a in args[1:] if isinstance(a, int))
+            self.log.append(Collective(P2P[packet], _nbytes(_tensors(args[0])), 2, self.phase, len(self.log),
+                                       peer=peer))
         elif packet in OPS:
             name, where = OPS[packet]
             if where == "out" or (where == "in" and name == "reduce_scatter"):

@@ -79,7 +79,7 @@ def spawn(world: int, worker: str, config: dict[str, Any], attempts: int = 2, *,
     """
     timeout_s = _settings["timeout_s"] if timeout_s is None else timeout_s
     log = _settings["log"] if log is None else os.fspath(log)
-    if "train_deepspeed" in (worker, config.get("worker")):
+    if any(str(w).startswith("train_deepspeed") for w in (worker, config.get("worker"))):
         check_build_locks()   # DeepSpeed may build ops just in time: a stale lock hangs every rank
     for attempt in range(attempts):
         with tempfile.TemporaryDirectory() as tmp:
@@ -325,6 +325,11 @@ def _deepspeed(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     return train_deepspeed(rank, world, cfg)
 
 
+def _deepspeed_pipe(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    from sim.validate.deepspeed_pipe_runs import train_deepspeed_pipe  # deepspeed is optional
+    return train_deepspeed_pipe(rank, world, cfg)
+
+
 def compute_and_hooks(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """measure_compute, then the hook cost of each of cfg["hook_engines"] (sim.validate.measure_hooks)
     in the same processes: one process group start fewer per calibration."""
@@ -351,5 +356,6 @@ def cases(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 WORKERS = {"train_llama": train_llama, "compare_mlp": compare_mlp, "train_deepspeed": _deepspeed,
+           "train_deepspeed_pipe": _deepspeed_pipe,
            "measure_collectives": measure_collectives, "measure_compute": compute_and_hooks, "idle": idle,
            "cases": cases}

@@ -39,13 +39,25 @@ def test_every_send_has_its_receive_on_the_neighbour(stages: int, micro: int) ->
 
 
 def test_stage_1_of_3_issues_what_train_schedule_yields() -> None:
-    """Stage 1 of 3, 3 micro-batches, worked by hand from TrainSchedule.steps: ten steps,
+    """Stage 1 of 3, 3 micro-batches, worked by hand from TrainSchedule.steps before v0.9
+    (what the simulator replays): ten steps,
     odd steps forward; an output leaves in the stage's next step (a forward step receives
     first and then sends the gradient, a backward step sends the activation first)."""
     F, B, R, S, P = Direction.FORWARD, Direction.BACKWARD, Pipe.RECV, Pipe.SEND, Pipe.PASS
     assert DeepSpeedTrainSchedule().instructions(3, 3, 1) == [
         (R, F, 0), (P, F, 0), (S, F, 0), (R, F, 1), (P, F, 1), (S, F, 1), (R, B, 0), (P, B, 0),
         (R, F, 2), (S, B, 0), (P, F, 2), (S, F, 2), (R, B, 1), (P, B, 1), (S, B, 1), (R, B, 2), (P, B, 2),
+        (S, B, 2)]
+
+
+def test_since_v0_9_a_forward_step_sends_first_and_a_backward_step_receives_first() -> None:
+    """The same stage with `send_first` (DeepSpeed v0.9.0+, PR #2862), worked by hand from
+    DeepSpeed 0.19.8's TrainSchedule.steps; a real run's order is checked in
+    tests/validation/test_deepspeed_pipeline_runs.py."""
+    F, B, R, S, P = Direction.FORWARD, Direction.BACKWARD, Pipe.RECV, Pipe.SEND, Pipe.PASS
+    assert DeepSpeedTrainSchedule(send_first=True).instructions(3, 3, 1) == [
+        (R, F, 0), (P, F, 0), (S, F, 0), (R, F, 1), (P, F, 1), (R, B, 0), (S, F, 1), (P, B, 0),
+        (S, B, 0), (R, F, 2), (P, F, 2), (R, B, 1), (S, F, 2), (P, B, 1), (S, B, 1), (R, B, 2), (P, B, 2),
         (S, B, 2)]
 
 
