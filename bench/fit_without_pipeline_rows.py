@@ -21,7 +21,7 @@ from pathlib import Path
 
 from published_baseline import default_csvs
 
-from sim.core.enums import Engine
+from sim.engines.policies import deepspeed_pipeline
 from sim.inputs.catalog import catalog_dir
 from sim.studies import fit_report as report
 from sim.studies.fit import FitRow, fit
@@ -29,9 +29,8 @@ from sim.studies.published import read_rows
 
 
 def is_deepspeed_pipeline(row: FitRow) -> bool:
-    """A DeepSpeed engine row with more than one pipeline stage (PipelineEngine)."""
-    s = row.scenario
-    return s.engine is Engine.DEEPSPEED and s.parallel.pp > 1
+    """A row that runs DeepSpeed's PipelineEngine (sim.engines.policies.deepspeed_pipeline)."""
+    return deepspeed_pipeline(row.scenario)
 
 
 def usable_rows(csvs: list[Path]) -> list[FitRow]:
