@@ -22,16 +22,9 @@ from sim.core.model import Role
 from sim.core.units import BYTES_PER_ELEMENT
 from sim.engines.builder import Builder
 from sim.engines.checkpointing import Checkpointing
+from sim.engines.deepspeed_pipe import DeepSpeedPipe
 from sim.engines.layout import Layout
-from sim.engines.policies import (
-    DeepSpeedTrainSchedule,
-    OptimizerPlacement,
-    Part,
-    Pipe,
-    deepspeed_pipeline,
-    pipe_partitioned,
-    pipeline_order,
-)
+from sim.engines.policies import OptimizerPlacement, Part, pipeline_order
 from sim.engines.resident import Resident
 from sim.engines.schedule import Alloc, Direction, Mem, OpRef, Phase, PipeTag, Schedule, Stream
 from sim.engines.uses import B, F, R, Use
@@ -39,7 +32,7 @@ from sim.engines.workload import EMBEDDINGS, Unit, blocks, float8_tp, shape_of, 
 from sim.inputs.scenario import Scenario
 
 
-class Planner(Checkpointing):
+class Planner(Checkpointing, DeepSpeedPipe):
     """Base planner: subclasses choose granules and fill in the hooks."""
 
     name = "base"
@@ -165,40 +158,15 @@ class Planner(Checkpointing):
         self.start_of_step()
         if self.deepspeed_pipeline:
             self.deepspeed_instructions()
-        for ms, part, chunk in [] if self.deepspeed_pipeline else self.pipeline_order():
-            self.chunk = chunk
-            if part is not Part.BACKWARD:
-                self.part(ms, Direction.FORWARD)
-            if part is not Part.FORWARD:
-                self.part(ms, Direction.BACKWARD)
+        else:
+            for ms, part, chunk in self.pipeline_order():
+                self.chunk = chunk
+                if part is not Part.BACKWARD:
+                    self.part(ms, Direction.FORWARD)
+                if part is not Part.FORWARD:
+                    self.part(ms, Direction.BACKWARD)
         self.optimizer_step()
         return Schedule(self.name, [self.b.finish()], self.notes() + self.lora_notes())
-
-    @property
-    def deepspeed_pipeline(self) -> bool:
-        """DeepSpeed's PipelineEngine runs this stage (sim.engines.policies.deepspeed_pipeline)."""
-        return deepspeed_pipeline(self.s)
-
-    @property
-    def pipe_partitioned(self) -> bool:
-        """Its sends carry 1/tp (sim.engines.policies.pipe_partitioned)."""
-        return pipe_partitioned(self.s)
-
-    def deepspeed_instructions(self) -> None:
-        """DeepSpeed's PipelineEngine (pipe/engine.py `_exec_schedule`): its instructions in
-        its order (sim.engines.policies.DeepSpeedTrainSchedule); a pass plans as in 1F1B but
-        without its own receive and send, which are instructions of their own."""
-        order = DeepSpeedTrainSchedule().instructions(self.t.grad_accum, self.layout.pp, self.stage_index)
-        for what, direction, ms in order:
-            if what is Pipe.PASS:
-                last = ms == self.boundary and direction is Direction.BACKWARD
-                self.part(ms, direction, exchange=False, end_hook=not last)
-            elif what is Pipe.RECV:
-                self.blocking_receive(ms, direction)
-            else:
-                self.blocking_send(ms, direction)
-        # ReduceTiedGrads, ReduceGrads: in the schedule's last step, after this stage's last send
-        self.end_of_backward(self.boundary)
 
     def part(self, ms: int, direction: Direction, *, exchange: bool = True, end_hook: bool = True) -> None:
         """The forward or the backward of micro-step `ms`: receive, the uses, send (and the
@@ -272,46 +240,6 @@ class Planner(Checkpointing):
             self.b.send(f"send {'activations' if forward else 'gradients'} to stage {to}",
                         Phase.FWD if forward else Phase.BWD, ms, nbytes=self.activation_bytes_between_stages(),
                         tag=PipeTag(direction, ms, self.global_chunk), peer=peer, deps=[self.b.last(Stream.COMPUTE)])
-
-    def blocking_receive(self, ms: int, direction: Direction) -> None:
-        """RecvActivation / RecvGrad (pipe/p2p.py `recv`: `dist.recv`, blocking). Its NCCL
-        kernel starts once this stage's earlier work has ended; the sender's transfer waits for
-        that (a zero-byte notice back to it), and this stage's compute stream waits for the
-        data (so do its later transfers, which wait for the compute stream)."""
-        forward = direction is Direction.FORWARD
-        back = -1 if forward else 1
-        self.b.send(f"post receive of {'activations' if forward else 'gradients'} from stage "
-                    f"{(self.stage_index + back) % self.layout.pp}", Phase.FWD if forward else Phase.BWD, ms,
-                    nbytes=0.0, tag=PipeTag(direction, ms, self.global_chunk, ready=True), peer=back,
-                    deps=[self.b.last(Stream.COMPUTE)])
-        self.b.stream_receive(Stream.COMPUTE, self.incoming(direction, ms))
-        phase = Phase.FWD if forward else Phase.BWD
-        if not self.pipe_partitioned:   # the compute stream waits (an op of no work that later sends follow)
-            self.b.compute(f"wait for the {'activations' if forward else 'gradients'} (blocking recv)", phase, ms)
-            return
-        whole = self.activation_bytes_between_stages()     # 1/tp came, the pass needs all of it
-        if not forward:        # _exec_backward_pass first restores the output it sent in part
-            self.collective(Stream.COMPUTE, Coll.ALL_GATHER, whole, "all-gather own output (pipe_partitioned)",
-                            phase, ms, axis=Axis.TP, purpose="pipeline")
-        self.collective(Stream.COMPUTE, Coll.ALL_GATHER, whole,
-                        f"all-gather received {'activations' if forward else 'gradients'} (PartitionedTensor.full)",
-                        phase, ms, axis=Axis.TP, purpose="pipeline")
-
-    def blocking_send(self, ms: int, direction: Direction) -> None:
-        """SendActivation / SendGrad (pipe/p2p.py `send`: `dist.send`, blocking): the transfer
-        starts when the receiver has posted its receive, and the compute stream waits for it
-        to end before the next pass. Under TP each rank sends its 1/tp slice (pipe/engine.py
-        `is_pipe_partitioned`, `is_grad_partitioned`: a PartitionedTensor over the TP group),
-        which the receiver all-gathers (`blocking_receive`)."""
-        forward = direction is Direction.FORWARD
-        peer = 1 if forward else -1
-        self.b.stream_receive(Stream.P2P, PipeTag(direction, ms, self.global_chunk + peer, ready=True))
-        sent = self.b.send(f"send {'activations' if forward else 'gradients'} to stage "
-                           f"{(self.stage_index + peer) % self.layout.pp} (blocking)", Phase.FWD if forward else Phase.BWD,
-                           ms, nbytes=self.activation_bytes_between_stages() / (self.layout.tp if self.pipe_partitioned else 1),
-                           tag=PipeTag(direction, ms, self.global_chunk),
-                           peer=peer, deps=[self.b.last(Stream.COMPUTE)])
-        self.b.compute("wait for the send (blocking)", Phase.FWD if forward else Phase.BWD, ms, deps=[sent])
 
     def emit(self, use: Use) -> None:
         g = self.granules[use.index]
