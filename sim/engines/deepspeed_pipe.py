@@ -6,13 +6,11 @@ and the gradient reduction after the stage's last send (docs/simulator.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from sim.core.enums import Axis, Coll
 from sim.engines.builder import Builder
 from sim.engines.layout import Layout
 from sim.engines.policies import DeepSpeedTrainSchedule, Pipe, deepspeed_pipeline, pipe_partitioned
-from sim.engines.schedule import Alloc, Direction, OpRef, Phase, PipeTag, Stream
+from sim.engines.schedule import Direction, Phase, PipeTag, Stream
 from sim.inputs.scenario import Scenario, Training
 
 
@@ -41,12 +39,6 @@ class DeepSpeedPipe:
         raise NotImplementedError
 
     def activation_bytes_between_stages(self) -> float:
-        raise NotImplementedError
-
-    def collective(self, stream: Stream, coll: Coll, nbytes: float, name: str, phase: Phase, ms: int, *,
-                   axis: Axis = Axis.DP, deps: Iterable[OpRef | None] = (), layer: int | None = None,
-                   alloc: tuple[Alloc, ...] = (), free: tuple[Alloc, ...] = (), purpose: str = "",
-                   pieces: int = 0) -> OpRef:
         raise NotImplementedError
 
     @property
@@ -93,9 +85,9 @@ class DeepSpeedPipe:
             return
         whole = self.activation_bytes_between_stages()     # 1/tp came, the pass needs all of it
         if not forward:        # _exec_backward_pass first restores the output it sent in part
-            self.collective(Stream.COMPUTE, Coll.ALL_GATHER, whole, "all-gather own output (pipe_partitioned)",
+            self.b.collective(Stream.COMPUTE, Coll.ALL_GATHER, whole, "all-gather own output (pipe_partitioned)",
                             phase, ms, axis=Axis.TP, purpose="pipeline")
-        self.collective(Stream.COMPUTE, Coll.ALL_GATHER, whole,
+        self.b.collective(Stream.COMPUTE, Coll.ALL_GATHER, whole,
                         f"all-gather received {'activations' if forward else 'gradients'} (PartitionedTensor.full)",
                         phase, ms, axis=Axis.TP, purpose="pipeline")
 
