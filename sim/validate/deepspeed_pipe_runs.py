@@ -5,15 +5,13 @@ trained with `train_batch`, its point-to-point sends and receives recorded in is
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 from torch import nn
 
 from sim.core.model import ModelSpec
-from sim.inputs.models import model_from_table
-from sim.validate.deepspeed_runs import ds_config
+from sim.validate.deepspeed_runs import ds_config, start_deepspeed
 from sim.validate.recorder import CollectiveRecorder
 from sim.validate.torch_models import Block, RMSNorm, RotaryEmbedding
 
@@ -65,15 +63,10 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def train_deepspeed_pipe(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
     """`world` pipeline stages (dp 1), cfg["steps"] calls of `train_batch` of cfg["grad_accum"]
     micro-batches; the log holds every send and receive, phase = the step."""
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                       "LOCAL_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(cfg.get("port", 29513))})
+    spec = start_deepspeed(rank, world, cfg, 29513)
     import deepspeed
     from deepspeed.pipe import PipelineModule
 
-    deepspeed.init_distributed(dist_backend="gloo")
-    spec = model_from_table(cfg["model"], "validation config", "model.")
-    torch.manual_seed(0)
     module = PipelineModule(layers=pipeline_layers(spec), num_stages=world, loss_fn=_loss,
                             partition_method="uniform")
     config = {**ds_config(cfg), "train_batch_size": cfg["micro_batch"] * cfg["grad_accum"]}

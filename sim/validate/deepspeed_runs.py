@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from sim.core.model import ModelSpec
 from sim.inputs.models import model_from_table
 from sim.validate.recorder import CollectiveRecorder
 from sim.validate.torch_models import LlamaLike
@@ -24,15 +25,24 @@ def ds_config(cfg: dict[str, Any]) -> dict[str, Any]:
             "zero_optimization": cfg["zero"], "steps_per_print": 10**9}
 
 
-def train_deepspeed(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+def start_deepspeed(rank: int, world: int, cfg: dict[str, Any], port: int) -> ModelSpec:
+    """This rank's environment for DeepSpeed's launcher-less start (cfg["port"], else `port`),
+    its gloo process group, the validation model's spec and torch's seed (identical ranks)."""
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                        "LOCAL_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(cfg.get("port", 29511))})
+                       "MASTER_PORT": str(cfg.get("port", port))})
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
     spec = model_from_table(cfg["model"], "validation config", "model.")
     torch.manual_seed(0)
+    return spec
+
+
+def train_deepspeed(rank: int, world: int, cfg: dict[str, Any]) -> dict[str, Any]:
+    spec = start_deepspeed(rank, world, cfg, 29511)
+    import deepspeed
+
     engine, _, _, _ = deepspeed.initialize(model=LlamaLike(spec), model_parameters=None,
                                            config=ds_config(cfg))
     recorder, steps = CollectiveRecorder(), []
