@@ -24,19 +24,12 @@ from published_baseline import default_csvs
 from sim.engines.policies import deepspeed_pipeline
 from sim.inputs.catalog import catalog_dir
 from sim.studies import fit_report as report
-from sim.studies.fit import FitRow, fit
-from sim.studies.published import read_rows
+from sim.studies.fit import FitRow, fit, usable_rows
 
 
 def is_deepspeed_pipeline(row: FitRow) -> bool:
     """A row that runs DeepSpeed's PipelineEngine (sim.engines.policies.deepspeed_pipeline)."""
     return deepspeed_pipeline(row.scenario)
-
-
-def usable_rows(csvs: list[Path]) -> list[FitRow]:
-    """The rows `zerosim fit` uses (a scenario and a measured step time), in file order."""
-    return [FitRow(r.id, r.scenario, r.measured_step_s, r.source, r.alternatives)
-            for csv in csvs for r in read_rows(str(csv)) if r.scenario is not None and r.measured_step_s]
 
 
 def main() -> int:

@@ -28,9 +28,8 @@ from sim.cli_checks import (
 from sim.core.errors import InputError
 from sim.inputs.catalog import catalog_dir
 from sim.studies import fit_report as report
-from sim.studies.fit import F_SCALE, MAX_ITERATIONS, FitRow, fit
+from sim.studies.fit import F_SCALE, MAX_ITERATIONS, FitRow, fit, usable_rows
 from sim.studies.fit_params import CLUSTER_BOUNDS, GPU_BOUNDS, HOST_BOUNDS, write_files
-from sim.studies.published import read_rows
 
 KEYS = (*GPU_BOUNDS, *CLUSTER_BOUNDS, *HOST_BOUNDS)
 
@@ -58,11 +57,7 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
 
 def _rows(args: argparse.Namespace) -> list[FitRow]:
     only = {x.strip() for x in args.only.split(",") if x.strip()}
-    rows = []
-    for csv in args.csvs:
-        for r in read_rows(csv):
-            if r.scenario is not None and r.measured_step_s and (not only or r.id in only):
-                rows.append(FitRow(r.id, r.scenario, r.measured_step_s, r.source, r.alternatives))
+    rows = [r for r in usable_rows(args.csvs) if not only or r.id in only]
     unknown = only - {r.id for r in rows}
     if unknown:
         raise InputError(CLI, "--only", f"{', '.join(sorted(unknown))}: no usable row with that id")

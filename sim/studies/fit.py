@@ -33,6 +33,7 @@ from sim.engines.plan import check_work, layout_of, plan
 from sim.engines.schedule import Schedule
 from sim.inputs.scenario import Scenario
 from sim.studies.fit_params import Param, applied, parameters, prior_values, start_values
+from sim.studies.published import read_rows
 
 F_SCALE = 0.15        # soft-L1 knee on log error (about 15%)
 DIFF_STEP = 0.02      # forward-difference step, relative to each parameter's range
@@ -67,6 +68,13 @@ class FitResult:
     fold_values: list[list[float]] = field(default_factory=list)
     simulations: int = 0
     knee: float = F_SCALE                          # the soft-L1 loss's knee it was fitted with
+
+
+def usable_rows(csvs: Sequence[str | Path]) -> list[FitRow]:
+    """The rows of published-measurement CSVs a fit can use (a scenario and a measured step
+    time, sim.studies.published), in file order."""
+    return [FitRow(r.id, r.scenario, r.measured_step_s, r.source, r.alternatives)
+            for csv in csvs for r in read_rows(str(csv)) if r.scenario is not None and r.measured_step_s]
 
 
 _ROWS: list[FitRow] = []             # set before the worker pool forks
