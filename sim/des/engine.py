@@ -23,9 +23,17 @@ from sim.core.perf import paused_gc
 from sim.des.class_plan import ClassPlan
 from sim.des.host import HostClock, HostPlan, fold_synchronous
 from sim.des.host_resources import host_key, host_links, shared_links
+from sim.des.interference import Interference
 from sim.des.memory_pool import MemoryPool
 from sim.des.network import FlowNetwork
-from sim.des.transfers import Transfer, collective_transfers, copy_transfers, exclusive_times, send_transfers
+from sim.des.transfers import (
+    Transfer,
+    alone_time,
+    collective_transfers,
+    copy_transfers,
+    exclusive_times,
+    send_transfers,
+)
 from sim.engines.layout import Layout
 from sim.engines.schedule import (
     AnyOp,
@@ -153,8 +161,8 @@ class EventEngine:
         self._collectives: dict[tuple[object, ...], list[Transfer]] = {}
         self.kernel_time = kernel_timer(self.scenario)
         self.interference = cluster.gpu.comm_interference if not self.serial else 0.0
-        self._comm_timed: dict[int, list[tuple[float, float]]] = {r: [] for r in self.ranks}  # closed-form ones
-        self._comm_live = dict.fromkeys(self.ranks, 0)       # collectives / sends on the flow network now
+        self.overlap = Interference(self.ranks, self.interference)   # what communication takes from compute
+        self._alone: dict[tuple[object, ...], float] = {}    # a flow-network op's time alone (its earliest end)
         self._hosts = [HostPlan.of(cls.ops(), cluster.host, self.scenario.engine, self.kernel_time)
                        for cls in self.schedule.classes]
         # a CPU process pays its host costs inline (fold_synchronous); a GPU's host issues ahead (HostClock)
@@ -256,7 +264,9 @@ class EventEngine:
                 yield from self._execute(rank, step, op)
                 end = env.now
             elif i + 1 < n and ops[i + 1].id in follows:
-                end = start + alone + self._slowdown(rank, op, start, alone)
+                seg_start, work = start, self._begin(rank, op, start, alone)
+                idle = [] if work else [(start, start + alone)]   # the run's ops that are not GPU kernels
+                end = start + alone
                 if clock is not None and begun + tail[op.id] > end:
                     inside, end = begun + tail[op.id] - end, begun + tail[op.id]
                 while i + 1 < n and ops[i + 1].id in follows:   # runs on without a SimPy step
@@ -271,16 +281,25 @@ class EventEngine:
                         begun = clock.begins(op.id)
                         if begun + lead[op.id] > start:
                             start, host_wait = begun + lead[op.id], begun + lead[op.id] - start
-                    end = start + next_time + self._slowdown(rank, op, start, next_time)
+                    kernels = self._begin(rank, op, start, next_time, joined=True)
+                    work += kernels
+                    if not kernels:
+                        idle.append((start, start + next_time))
+                    end = start + next_time
                     if clock is not None and begun + tail[op.id] > end:
                         inside, end = begun + tail[op.id] - end, begun + tail[op.id]
                 yield env.timeout(end - env.now)
+                if work:
+                    yield from self._interfered(rank, op.stream, seg_start, work, idle)
                 end = env.now
             else:
-                end = start + alone + self._slowdown(rank, op, start, alone)
+                work = self._begin(rank, op, start, alone)
+                end = start + alone
                 if clock is not None and begun + tail[op.id] > end:
                     inside, end = begun + tail[op.id] - end, begun + tail[op.id]
                 yield env.timeout(end - env.now)
+                if work:
+                    yield from self._interfered(rank, op.stream, start, work)
                 end = env.now
             for alloc in op.free:
                 pool.free(alloc, end)
@@ -292,28 +311,34 @@ class EventEngine:
                 event.succeed()
             i += 1
 
-    def _slowdown(self, rank: int, op: AnyOp, start: float, duration: float) -> float:
-        """Compute-communication interference: a compute op that runs beside a collective
-        or pipeline send of its rank takes `comm_interference` x the overlapped time longer
-        (NCCL kernels take SMs and HBM bandwidth; arXiv 2507.03114 measures 18.9% on
-        average, Calculon uses 15% on NVLink). The overlap is what is known when the op
-        starts: an op that starts while a collective of its rank is in flight (on the flow
-        network, or timed in closed form and not yet ended) is slowed over its whole
-        duration, the same whichever way the collective is timed. A timed collective
-        records its end here."""
+    def _begin(self, rank: int, op: AnyOp, start: float, seconds: float, joined: bool = False) -> float:
+        """An op with a time of its own begins at `start`: a collective or send timed in closed
+        form is recorded as in flight until it ends; GPU kernels (compute, the optimizer's)
+        return the work they bring for `_interfered` to account (0 without interference, or
+        for any other op). An op `joined` to a run already begun keeps the intervals since
+        the run's start."""
         if not self.interference:
             return 0.0
-        timed = self._comm_timed[rank]
         if isinstance(op, (Collective, Send)):
-            now = self.env.now
-            timed[:] = [iv for iv in timed if iv[1] > now]
-            timed.append((start, start + duration))
+            self.overlap.timed(rank, start, start + seconds)
             return 0.0
-        if not isinstance(op, Compute):
+        if not isinstance(op, (Compute, GpuOptimizer)):
             return 0.0
-        if self._comm_live[rank] or any(s <= start < e for s, e in timed):
-            return self.interference * duration
-        return 0.0
+        if not joined:
+            self.overlap.began(rank, op.stream, start)
+        return seconds
+
+    def _interfered(self, rank: int, stream: Stream, start: float, work: float,
+                    idle: list[tuple[float, float]] | None = None) -> Generator[simpy.Event, Any, None]:
+        """GPU kernels that began at `start` with `work` seconds to do go on until the work that
+        communication beside them took is made up (sim.des.interference). `idle`: windows of
+        the run taken by ops that are not kernels (a TP all-reduce or a ZeRO-3 fetch joined
+        to the compute stream), neither work nor slowed."""
+        left = self.overlap.shortfall(rank, start, self.env.now, work, idle or ())
+        while left:
+            yield self.env.timeout(self.overlap.step(rank, self.env.now, left))
+            left = self.overlap.shortfall(rank, start, self.env.now, work, idle or ())
+        self.overlap.ended(rank, stream)
 
     def _send_slot(self, step: int, tag: PipeTag, receiver: int) -> SendSlot:
         key = (step, tag, receiver)
@@ -345,6 +370,17 @@ class EventEngine:
         rank = self.layout.representatives[k]
         return exclusive_times(cls.ops(), rank, self.layout, self.scenario, self.network.capacity)
 
+    def _alone_time(self, rank: int, op: Send | Collective) -> float:
+        """A flow-network op's time with its links to itself: the earliest it can end."""
+        key: tuple[object, ...] = ((Send, op.nbytes, op.peer, rank) if isinstance(op, Send)
+                                   else (op.coll, op.axis, op.nbytes, rank))
+        seconds = self._alone.get(key)
+        if seconds is None:
+            transfers = (send_transfers(op, rank, self.layout, self.scenario) if isinstance(op, Send)
+                         else collective_transfers(op, rank, (rank,), self.layout, self.scenario))
+            seconds = self._alone[key] = alone_time(transfers, self.network.capacity)
+        return seconds
+
     def _op(self, rank: int, op_id: int) -> AnyOp:
         return self.schedule.ops_by_id(self._class[rank])[op_id]
 
@@ -355,11 +391,11 @@ class EventEngine:
         elif isinstance(op, CpuStep):
             yield from self._cpu_step(rank, op)
         elif isinstance(op, (Send, Collective)):
-            self._comm_live[rank] += 1
-            try:
-                yield from self._send(rank, step, op) if isinstance(op, Send) else self._collective(rank, step, op)
-            finally:
-                self._comm_live[rank] -= 1
+            token = self.overlap.opened(rank, self.env.now, self.env.now + self._alone_time(rank, op)) \
+                if self.interference else 0
+            yield from self._send(rank, step, op) if isinstance(op, Send) else self._collective(rank, step, op)
+            if token:
+                self.overlap.closed(rank, token, self.env.now)
         else:
             raise TypeError(f"{op.name}: {type(op).__name__} has a duration of its own (local_time)")
 

@@ -116,8 +116,9 @@ def bundled(name: str) -> Scenario:
 
 def without_interference(s: Scenario) -> Scenario:
     """`s` with compute-communication interference off: the exactness checks of the engine's
-    shortcuts compare op times to 1e-12, and whether a compute op that starts at the very
-    instant a collective starts is slowed depends on the order SimPy runs them in."""
+    shortcuts compare op times to 1e-12, and interference makes up lost work in waits that
+    stop within 1 ns of it (sim.des.interference; tests/crosscheck/test_interference_engine.py
+    checks the engine with it on)."""
     gpu = replace(s.cluster.gpu, comm_interference=0.0)
     return replace(s, cluster=replace(s.cluster, node=replace(s.cluster.node, gpu=gpu)))
 
