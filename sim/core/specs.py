@@ -38,7 +38,7 @@ class GpuSpec:
     sm_count: int = 0                   # streaming multiprocessors (GEMM waves); 0: no SM model (a CPU)
     attention_efficiency: float = 0.0   # fraction of peak of a long fused-attention forward kernel
     attention_backward_efficiency: float = 0.0
-    comm_interference: float = 0.0      # compute slowdown while a collective runs beside it (SMs, HBM shared)
+    comm_interference: float = 0.0      # c: compute at 1 / (1 + c) of its rate while a collective runs beside it
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak for a training precision: 'bf16', 'fp16' or 'fp32'."""

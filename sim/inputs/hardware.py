@@ -34,7 +34,7 @@ GPU_KEYS = (
     Key("sm_count", int, required=False, default=0, non_negative=True, maximum=100_000),
     Key("attention_efficiency", float, required=False, default=None, fraction=True),
     Key("attention_backward_efficiency", float, required=False, default=None, fraction=True),
-    Key("comm_interference", float, required=False, default=0.0, non_negative=True, maximum=1.0),
+    Key("comm_interference", float, required=False, default=0.0, non_negative=True, maximum=9.0),
 )
 CLUSTER_KEYS = (
     Key("name", str),

@@ -147,12 +147,17 @@ def _gemm_flops(a: torch.Tensor, b: torch.Tensor) -> float:
     return 2.0 * a.shape[0] * a.shape[1] * b.shape[1]
 
 
+MAX_INTERFERENCE = 9.0     # compute at a tenth of its rate beside a collective
+
+
 def _interference(a: torch.Tensor, b: torch.Tensor, nbytes: int = 2**26) -> float:
-    """How much a collective in flight slows compute (GpuSpec.comm_interference: a compute
-    op beside a collective takes that fraction of the overlapped time longer), from the
-    GEMM rate while a 64 MiB all-reduce runs asynchronously, 1 - rate_beside / rate_alone,
-    median of three: where gloo's threads share the cores with compute, as with 2-4
-    processes on 2 cores, the collective's copies and reductions take the cores' time."""
+    """How much a collective in flight slows compute (GpuSpec.comm_interference c: beside a
+    collective, compute runs at 1 / (1 + c) of its rate, sim.des.interference), from the
+    GEMM rate while a 64 MiB all-reduce runs asynchronously: c = rate_alone / rate_beside - 1,
+    median of three, at most 9 (a tenth of the rate). Where gloo's threads share the cores
+    with compute, as with 2-4 processes on 2 cores, the collective's copies and reductions
+    take the cores' time. (Until 2026-12-04 this returned 1 - rate_beside / rate_alone,
+    which is c / (1 + c): 0.3 where c is 0.43.)"""
     flops = _gemm_flops(a, b)
     alone = _sustained(lambda: a @ b, flops, 0.3)
     buf = torch.ones(nbytes // 4)
@@ -167,7 +172,8 @@ def _interference(a: torch.Tensor, b: torch.Tensor, nbytes: int = 2**26) -> floa
         elapsed = time.perf_counter() - start
         work.wait()
         rates.append(done * flops / elapsed if done else 0.0)
-    return min(1.0, max(0.0, 1.0 - statistics.median(rates) / alone))
+    beside = statistics.median(rates)
+    return min(MAX_INTERFERENCE, max(0.0, alone / beside - 1.0)) if beside > 0 else MAX_INTERFERENCE
 
 
 def _synced(fn: Any, device: str, reps: int = 10) -> float:

@@ -34,7 +34,7 @@ def test_a_short_calibration_writes_a_profile_the_simulator_uses(tmp_path):
     assert cluster.gpu.fp32_flops > 1e8 and cluster.gpus_per_node == 2
     host = cluster.node.host
     assert host.synchronous and host.launch == 0.0 and host.fsdp2_hook > 0.0   # a CPU process: hooks inline
-    assert 0.0 <= cluster.gpu.comm_interference <= 1.0
+    assert 0.0 <= cluster.gpu.comm_interference <= 9.0       # compute at 1 / (1 + c) of its rate: at least a tenth
     assert 0.0 < cluster.gpu.attention_efficiency <= 1.0 and 0.0 < cluster.gpu.attention_backward_efficiency <= 1.0
     assert 0.0 < host.zero3_rank_piece < 1e-3        # seconds per (rank, tensor) slice
     kernels = results[2]["compute"]["memory_kernels"]
