@@ -21,6 +21,19 @@ accumulating unsharded gradients in the reduce dtype; after the stage's last bac
 schedule's REDUCE_GRAD action calls every group's post_backward in turn (stage.py
 `perform_reduce_grad`: root first, then the blocks): reduce-scatter and reshard, one after
 another, then the gradients are divided by the micro-batch count (`scale_grads`).
+
+FSDP1 (`[fsdp] version = 1`, `FullyShardedDataParallel` with a FlatParameter per unit)
+runs the same units, gathers and reduce-scatters, with three differences as implemented
+(torch/distributed/fsdp/_flat_param.py, _runtime_utils.py):
+- the all-gather writes the padded unsharded FlatParameter itself and the module's
+  parameters are views of it (`_use_unsharded_views`): no copy-out;
+- autograd's split backward flattens the unit's gradients into the FlatParameter's
+  gradient on the compute stream (the same bytes as FSDP2's copy-in), and `_post_backward_hook`
+  reduce-scatters it on the post-backward stream with `record_stream`: the compute stream
+  never waits for an earlier reduce-scatter;
+- the optimizer sees one flat parameter per unit (`use_orig_params=False`, the default).
+Its rate limiter (`limit_all_gathers`, two all-gathers in flight) is forward_prefetch 1, and
+BackwardPrefetch.BACKWARD_PRE is backward_prefetch 1.
 """
 
 from __future__ import annotations
@@ -58,6 +71,7 @@ class Fsdp2Planner(Planner):
         self.replicas = layout.dp // self.shard
         self.shard_axis = Axis.DP_SHARD if self.replicas > 1 else Axis.DP   # plain FSDP: the whole dp group
         self.post = f.post_forward                      # int reshard_after_forward: k, else 0
+        self.flat = f.version == 1                      # FSDP1: FlatParameter gathered in place
         self.p_bytes = self.elem(f.param_dtype or self.half)
         self.r_bytes = self.elem(f.reduce_dtype or f.param_dtype or self.half)
         self.padded = self._padded_by_unit()          # unit index -> padded elements
@@ -139,9 +153,12 @@ class Fsdp2Planner(Planner):
 
     def _copy_out(self, use: Use, ag: OpRef | None) -> list[OpRef | None]:
         """`foreach_all_gather_copy_out` on the compute stream: the gathered flat buffer is
-        copied into the unsharded parameters (read + write, memory-bound)."""
+        copied into the unsharded parameters (read + write, memory-bound). FSDP1 has none:
+        its parameters are views of the gathered FlatParameter."""
         if ag is None:
             return []
+        if self.flat:
+            return [ag]
         unit = self.unit_of(use)
         nbytes = 2.0 * self.p_bytes * self.padded[unit]
         name = f"all-gather copy-out unit {unit}"
@@ -221,10 +238,12 @@ class Fsdp2Planner(Planner):
         """post_backward's foreach_reduce: after the previous reduce-scatter (one in flight), a
         copy-in on the compute stream (which also frees `release`: the resharded unit), the
         reduce-scatter (freeing `grads`) and, with HSDP, the shard's all-reduce; with CPU
-        offload the shard's D2H."""
+        offload the shard's D2H. FSDP1: the gradient is flattened by autograd and the compute
+        stream does not wait for the previous reduce-scatter."""
         nbytes = self.r_bytes * self.grad_padded[unit]
-        self.wait_before_next_compute(self.prev_rs)   # at most one reduce-scatter outstanding
-        name = f"reduce-scatter copy-in unit {unit}"
+        if not self.flat:
+            self.wait_before_next_compute(self.prev_rs)   # at most one reduce-scatter outstanding
+        name = f"{'gradient flatten' if self.flat else 'reduce-scatter copy-in'} unit {unit}"
         copy_in = self.compute(name, Phase.BWD, ms, (memory(name, 2.0 * nbytes),), None if unit == -1 else unit,
                                free=release)
         rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, nbytes,
@@ -275,11 +294,12 @@ class Fsdp2Planner(Planner):
         if self.f.cpu_offload:
             self.optimizer(TorchCpuAdam(TORCH_CPU_ADAM_SLOWDOWN), shard, [norm, self.last_rs])
         else:
-            tensors = sum(len(g.grad_tensors) for g in self.granules)   # one DTensor shard per parameter
+            # FSDP2: one DTensor shard per parameter; FSDP1: one flat parameter per unit
+            tensors = sum(1 for n in self.grad_padded.values() if n) if self.flat else sum(len(g.grad_tensors) for g in self.granules)
             self.optimizer(GpuAdam(self.t.optimizer, tensors), shard, [norm])
 
     def notes(self) -> list[str]:
-        return [f"FSDP2: {self.m.layers} block units + root; reshard_after_forward={self.f.reshard_after_forward}, "
+        return [f"FSDP{self.f.version}: {self.m.layers} block units + root; reshard_after_forward={self.f.reshard_after_forward}, "
                 f"forward_prefetch={self.f.forward_prefetch}, backward_prefetch={self.f.backward_prefetch}"]
 
 
@@ -320,6 +340,8 @@ def fsdp2_limits(s: Scenario) -> None:
     source = s.path or "scenario"
     f, dp = s.fsdp, s.parallel.dp
     assert f is not None
+    if f.version == 1:
+        fsdp1_limits(s)
     if s.parallel.pp > 1:
         problems = [(key, what) for key, what, present in (
             ("fsdp.reshard_after_forward", "reshard_after_forward other than false (torchtitan's default with "
@@ -340,6 +362,28 @@ def fsdp2_limits(s: Scenario) -> None:
         raise InputError(source, "fsdp.reshard_after_forward", f"{k}: resharding after forward to {k}-way groups "
                          f"needs a divisor of the shard group ({shard}) other than 1 and {shard}; allowed: true, "
                          f"false or such a divisor")
+
+
+def fsdp1_limits(s: Scenario) -> None:
+    """What FullyShardedDataParallel cannot express, refused: an int reshard_after_forward
+    (its ShardingStrategy reshards fully or not at all), a resharded root (`_post_forward_reshard`
+    never frees the root's FlatParameter), prefetch deeper than one unit (the rate limiter's two
+    all-gathers in flight; BackwardPrefetch names one unit), pipeline stages (torchtitan composes
+    fully_shard), and LoRA (a FlatParameter mixing frozen and trainable tensors)."""
+    f = s.fsdp
+    assert f is not None
+    problems = (
+        ("fsdp.reshard_after_forward", "an int reshard_after_forward", f.post_forward != 0,
+         "true (FULL_SHARD) or false (SHARD_GRAD_OP)"),
+        ("fsdp.reshard_root", "reshard_root = true", f.reshard_root is True, "left out or false"),
+        ("fsdp.forward_prefetch", f"forward_prefetch = {f.forward_prefetch}", f.forward_prefetch > 1, "0 or 1"),
+        ("fsdp.backward_prefetch", f"backward_prefetch = {f.backward_prefetch}", f.backward_prefetch > 1, "0 or 1"),
+        ("parallel.pp", f"pp = {s.parallel.pp}", s.parallel.pp > 1, "1 (pipelines compose FSDP2: version = 2)"),
+        ("lora", "LoRA adapters", s.model.lora is not None, "no [lora] table (or version = 2)"))
+    for key, what, present, allowed in problems:
+        if present:
+            raise InputError(s.path or "scenario", key, f"{what} with FSDP1 ([fsdp] version = 1): "
+                             f"{NOT_SIMULATED_YET}; allowed: {allowed}")
 
 
 FSDP2 = EngineModel(

@@ -62,9 +62,14 @@ class FsdpConfig:
     torch's default, which keeps the root unsharded after forward; True reshards it, so
     backward begins by gathering the root again. forward_prefetch / backward_prefetch:
     blocks gathered ahead (default 1 each: implicit CPU run-ahead forward,
-    `_backward_prefetch` of one unit backward).
+    `_backward_prefetch` of one unit backward). version: 2 is `fully_shard` (per-parameter
+    DTensor shards); 1 is `FullyShardedDataParallel`, whose FlatParameter is gathered in place
+    (torch/distributed/fsdp/_flat_param.py: the all-gather writes the unsharded flat
+    parameter and the module's parameters are views of it, so no copy-out), with the
+    same unit per block and root.
     """
 
+    version: int = 2
     reshard_after_forward: bool | int = True
     reshard_root: bool | None = None
     forward_prefetch: int = 1
@@ -82,6 +87,7 @@ class FsdpConfig:
 
 
 FSDP_KEYS = (
+    Key("version", int, required=False, default=2, choices=(1, 2)),
     Key("reshard_after_forward", object, required=False, default=True),
     Key("reshard_root", bool, required=False, default=None),
     Key("forward_prefetch", int, required=False, default=1, non_negative=True),

@@ -5,7 +5,7 @@
   -> dgx1-v100; A100 by its memory (40 / 80 GB; unstated -> 80, recorded); H100 -> dgx-h100,
   the 96 GB HBM2e part (Grand Teton, torchtitan's benchmarks) -> grand-teton-h100;
   H200 -> hgx-h200; B200 -> dgx-b200; anything else is refused.
-- Engine: FSDP / TorchTitan -> [fsdp] (FSDP1 recorded as simulated by FSDP2, NO_SHARD -> ddp,
+- Engine: FSDP / TorchTitan -> [fsdp] (FSDP1 as `version = 1`, NO_SHARD -> ddp,
   HYBRID_SHARD -> replicate_degree = nodes); DeepSpeed / ZeRO / Megatron-DeepSpeed ->
   [zero] stage n with the offload the row names; Megatron-LM alone -> [megatron] with the
   flags the row names (distributed optimizer, --overlap-grad-reduce, --overlap-param-gather,
@@ -251,7 +251,9 @@ def _fsdp(fw: str, zs: str, offload: str, nodes: int, notes: list[str]) -> Engin
     if "cpu" in offload:
         fsdp["cpu_offload"] = True
     if "fsdp2" not in fw and "torchtitan" not in fw:
-        notes.append("FSDP1 simulated as FSDP2 (fully_shard per transformer block)")
+        fsdp["version"] = 1
+        notes.append("FSDP1: FullyShardedDataParallel per transformer block ([fsdp] version = 1: FlatParameter "
+                     "gathered in place, no copy-out)")
     return EngineChoice({"engine": "fsdp2", "fsdp": fsdp}, "fsdp", False)
 
 
