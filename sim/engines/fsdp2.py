@@ -84,6 +84,7 @@ class Fsdp2Planner(Planner):
         self.last_rs: OpRef | None = None
         self.pipelined = layout.pp > 1
         self.accumulating: set[int] = set()             # units whose unsharded gradients accumulate (PP)
+        self.blocking = s.cluster.host.synchronous       # a CPU process: c10d calls block (`_blocking_call`)
 
     def resident_allocations(self, census: list[TensorGroup]) -> Resident:
         return fsdp2_resident(self.s, census)
@@ -184,12 +185,30 @@ class Fsdp2Planner(Planner):
             deps.append(self.copy(Stream.H2D, 4.0 * self.padded[unit] / self.shard, "H2D parameter shard",
                                   phase, ms))
         from_post = phase is Phase.BWD and self.post and unit != -1   # from the post-forward k-way shards
+        deps += self._issued_after()
         self.ag[key] = self.collective(
             Stream.ALLGATHER, Coll.ALL_GATHER, nbytes, f"all-gather {'root' if unit == -1 else f'block {unit}'}",
             phase, ms, deps=deps, layer=None if unit == -1 else unit, axis=Axis.DP_POST if from_post else self.shard_axis,
             alloc=(Alloc(Mem.PARAMS, f"unsharded unit {unit}", nbytes),),
             free=(self._post_shard(unit),) if from_post else (), purpose="fetch" if unit != -1 else "root")
+        self._blocking_call(self.ag[key])
         return self.ag[key]
+
+    def _issued_after(self) -> list[OpRef | None]:
+        """On a synchronous host a collective starts where the program calls it: after the
+        compute issued before it (the calling thread ran that compute)."""
+        return [self.b.last(Stream.COMPUTE)] if self.blocking else []
+
+    def _blocking_call(self, op: OpRef) -> None:
+        """FSDP calls its all-gathers (`unshard_async_op` False by default), reduce-scatters and
+        HSDP all-reduces without `async_op` (_fsdp_collectives.py `foreach_all_gather`,
+        `foreach_reduce`; FSDP1: _flat_param.py `_all_gather_flat_param`, _runtime_utils.py
+        `_reduce_grad`), so c10d waits for each Work before returning. With NCCL that wait is
+        a stream wait and the host goes on at once; with gloo on a CPU process (a synchronous
+        host) the calling thread blocks until the collective has ended, so nothing it issues
+        later runs beside it: prefetching does not overlap there."""
+        if self.blocking:
+            self.b.host_sync(op)
 
     def _post_shard(self, unit: int) -> Alloc:
         """What a rank keeps of a unit between forward and backward with an int
@@ -250,12 +269,14 @@ class Fsdp2Planner(Planner):
                              f"reduce-scatter {'root' if unit == -1 else f'block {unit}'}", Phase.BWD, ms,
                              deps=[copy_in], layer=None if unit == -1 else unit, free=(grads,), purpose="grad",
                              axis=self.shard_axis)
+        self._blocking_call(rs)
         self.prev_rs, self.last_rs = rs, rs
         if self.replicas > 1:   # HSDP: the shard's gradient all-reduced over the replicas (foreach_reduce)
             self.last_rs = self.collective(Stream.ALLREDUCE, Coll.ALL_REDUCE, nbytes / self.shard,
                                            f"all-reduce {'root' if unit == -1 else f'block {unit}'} shard", Phase.BWD,
                                            ms, deps=[rs], layer=None if unit == -1 else unit, purpose="grad",
                                            axis=Axis.DP_REPLICATE)
+            self._blocking_call(self.last_rs)
         if self.f.cpu_offload:
             self.last_rs = self.copy(Stream.D2H, 4.0 * self.grad_padded[unit] / self.shard, "D2H gradient shard",
                                      Phase.BWD, ms, deps=[self.last_rs])

@@ -10,6 +10,7 @@ import pytest
 from sim.core.errors import InputError
 from sim.des.host import host_cost
 from sim.engines.plan import plan
+from sim.engines.schedule import Stream
 from sim.inputs.catalog import catalog_dir
 from sim.inputs.hardware import load_cluster
 from sim.simulate import simulate
@@ -52,3 +53,27 @@ def test_synchronous_must_be_a_boolean(tmp_path):
     with pytest.raises(InputError) as e:
         load_cluster(tmp_path / "c.toml")
     assert "host.synchronous" in str(e.value) and "boolean" in str(e.value)
+
+
+def _overlap_s(s) -> float:
+    """Seconds that one rank's FSDP collectives run beside its compute, over the last step."""
+    result = simulate(s)
+    rank = result.layout.representatives[0]
+    spans = [sp for sp in result.engine.spans if sp.rank == rank and sp.step == result.steps - 1]
+    compute = [(sp.start, sp.end) for sp in spans if sp.op.stream is Stream.COMPUTE]
+    comms = [(sp.start, sp.end) for sp in spans if sp.op.stream in (Stream.ALLGATHER, Stream.REDUCE)]
+    assert comms
+    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in comms for s2, e2 in compute)
+
+
+@pytest.mark.parametrize("version", [2, 1])
+def test_fsdp_collectives_block_a_synchronous_host(version):
+    """FSDP calls its all-gathers and reduce-scatters without async_op: with gloo on a CPU
+    process the calling thread waits for each, so none runs beside compute, while on a GPU
+    the host returns at once and prefetched gathers overlap the blocks' compute."""
+    s = tiny("fsdp2")
+    s = replace(s, fsdp=replace(s.fsdp, version=version))
+    assert _overlap_s(s) > 0
+    blocking = with_host(s, synchronous=True)
+    assert _overlap_s(blocking) == 0.0
+    assert simulate(blocking).breakdown.exposed_comm_s > simulate(s).breakdown.exposed_comm_s
