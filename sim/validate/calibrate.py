@@ -2,9 +2,9 @@
 
 Measured with `world` gloo processes at once (as the validation runs use the machine):
 the four collectives at sizes 1 KiB to 64 MiB on 2 and 4 ranks, fitted per op by least
-squares to t = alpha x steps(op, n) + S x factor(op, n) / busbw (NCCL's step counts and
-nccl-tests' bus factors, sim.analytic.opcost), GEMM throughput on the model's layer
-shapes, memory bandwidth (a large add), and the per-op overhead of small kernels. The
+squares of the relative error to t = alpha x steps(op, n) + S x factor(op, n) / busbw
+(NCCL's step counts and nccl-tests' bus factors, sim.analytic.opcost), GEMM throughput on
+the model's layer shapes, memory bandwidth (a large add), and the per-op overhead of small kernels. The
 profile is a cluster TOML plus a GPU TOML, written outside the repository by default
 (~/.cache/zerosim/calibrated), each number with its provenance.
 
@@ -39,22 +39,28 @@ from sim.validate.torch_runs import spawn
 
 def fit_alpha_beta(samples: list[tuple[int, int, float]], op: str,
                    max_busbw: float = math.inf) -> tuple[float, float]:
-    """Least squares of t = alpha steps(op, n) + S factor(op, n) / busbw over (n, S, t);
-    returns (alpha per step in s, bus bandwidth in bytes/s), both constrained: alpha >= 0
-    and busbw <= `max_busbw`. When the sizes are too small for the bandwidth to show, the
-    free fit's 1/busbw comes out near zero or negative; then busbw is `max_busbw` (calibrate
-    passes the measured memory bandwidth: a shared-memory collective cannot move data
-    faster than memory does) and alpha is refitted alone."""
+    """Least squares of the relative error of t = alpha steps(op, n) + S factor(op, n) / busbw
+    over (n, S, t): every row divided by its measured t, so a 1 KiB collective weighs as much
+    as a 64 MiB one. An unweighted fit is decided by the largest sizes (a 64 MiB all-gather
+    on 4 gloo ranks takes 125 ms, a 1 KiB one 1-4 ms) and put the 4-rank all-gather's alpha
+    at 34 us, 10 to 30 times below every measured size up to 64 KiB, the sizes of the
+    per-tensor gathers ZeRO-3 issues for its persistent parameters. Returns (alpha per step
+    in s, bus bandwidth in bytes/s), both constrained: alpha >= 0 and busbw <= `max_busbw`.
+    When the sizes are too small for the bandwidth to show, the free fit's 1/busbw comes out
+    near zero or negative; then busbw is `max_busbw` (calibrate passes the measured memory
+    bandwidth: a shared-memory collective cannot move data faster than memory does) and
+    alpha is refitted alone."""
     coll = Coll(op)
-    steps = np.array([ring_steps(coll, n) for n, _, _ in samples], dtype=float)
-    moved = np.array([size * bus_factor(coll, n) for n, size, _ in samples], dtype=float)
     t = np.array([s for _, _, s in samples])
-    (alpha, inv_bw), *_ = np.linalg.lstsq(np.column_stack([steps, moved]), t, rcond=None)
+    steps = np.array([ring_steps(coll, n) for n, _, _ in samples], dtype=float) / t
+    moved = np.array([size * bus_factor(coll, n) for n, size, _ in samples], dtype=float) / t
+    ones = np.ones_like(t)
+    (alpha, inv_bw), *_ = np.linalg.lstsq(np.column_stack([steps, moved]), ones, rcond=None)
     if alpha < 0:    # all the time in the bytes
-        alpha, inv_bw = 0.0, float(moved @ t / (moved @ moved))
+        alpha, inv_bw = 0.0, float(moved @ ones / (moved @ moved))
     if inv_bw <= 0 or inv_bw * max_busbw < 1.0:   # faster than allowed (or negative): the bound
         inv_bw = max(1.0 / max_busbw, 1e-30)
-        alpha = max(float(steps @ (t - moved * inv_bw) / (steps @ steps)), 0.0)
+        alpha = max(float(steps @ (ones - moved * inv_bw) / (steps @ steps)), 0.0)
     return float(alpha), 1.0 / float(inv_bw)
 
 
