@@ -11,6 +11,7 @@ bandwidth shared among concurrent transfers; `isolated_time` is their closed for
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -185,6 +186,21 @@ def ring_steps(coll: Coll, n: int) -> int:
     return 2 * (n - 1) if coll is Coll.ALL_REDUCE else n - 1
 
 
+def curve_busbw(curve: tuple[tuple[float, float], ...], nbytes: float) -> float:
+    """A measured curve's bus bandwidth for a message of `nbytes` (sim.inputs.calibration_table):
+    interpolated linearly in log(size) between the measured sizes; below the smallest size
+    scaled so the time stays that of the smallest (a latency floor); above the largest, the
+    largest's."""
+    first_size, first_bw = curve[0]
+    if nbytes <= first_size:
+        return first_bw * nbytes / first_size
+    for (s0, b0), (s1, b1) in zip(curve, curve[1:]):
+        if nbytes <= s1:
+            w = math.log(nbytes / s0) / math.log(s1 / s0)
+            return b0 + w * (b1 - b0)
+    return curve[-1][1]
+
+
 def collective_phases(coll: Coll, nbytes: float, g: GroupShape, cluster: ClusterSpec,
                       algorithm: Algorithm = Algorithm.AUTO,
                       busbw_override: float | None = None) -> list[CommPhase]:
@@ -199,6 +215,10 @@ def collective_phases(coll: Coll, nbytes: float, g: GroupShape, cluster: Cluster
         alpha, busbw = measured
         return [CommPhase(ring_steps(coll, n) * alpha, nbytes * bus_factor(coll, n),
                           ((LinkClass.NVLINK, 1.0),), rate=busbw)]
+    curve = cluster.calibration_curves.get(coll.value) if not multi else None
+    if curve is not None:      # a measured curve: nccl-tests' busbw at this size
+        return [CommPhase(0.0, nbytes * bus_factor(coll, n), ((LinkClass.NVLINK, 1.0),),
+                          rate=curve_busbw(curve, nbytes))]
     links = ring_links(g, cluster)
     if multi and algorithm is Algorithm.HIERARCHICAL and coll is Coll.ALL_REDUCE and g.per_node > 1:
         p, nodes = g.per_node, g.nodes

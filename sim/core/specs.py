@@ -110,6 +110,8 @@ class ClusterSpec:
     uncertain: tuple[str, ...] = ()
     calibration: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Measured collectives inside a node (`zerosim calibrate`): op -> (alpha per step s, busbw B/s)."""
+    calibration_curves: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    """Or measured curves: op -> ((bytes, busbw B/s), ...) (sim.inputs.calibration_table)."""
     fabric_halving_nodes: float = math.inf
     """Nodes beyond two at which a ring's per-NIC bus bandwidth has fallen to half its two-node
     value (`fabric_share`); inf: a fabric whose rings keep their two-node rate at any size."""

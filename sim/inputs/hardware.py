@@ -15,6 +15,7 @@ from sim.core import limits as L
 from sim.core.errors import InputError
 from sim.core.specs import ClusterSpec, GpuSpec, HostSpec, IntraNodeTopology, LinkSpec, NodeSpec
 from sim.core.units import GB, US
+from sim.inputs.calibration_table import read_calibration
 from sim.inputs.catalog import resolve
 from sim.inputs.reading import read_toml
 from sim.inputs.schema import Key, read_table
@@ -46,10 +47,6 @@ CLUSTER_KEYS = (
     Key("uncertain", list, required=False, default=[]),
     Key("calibration", dict, required=False, default={}),
 )
-CALIBRATED_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
-CALIBRATION_KEYS = tuple(k for op in CALIBRATED_OPS for k in (
-    Key(f"{op}_alpha_us", float, required=False, default=None, non_negative=True),
-    Key(f"{op}_busbw_GBps", float, required=False, default=None, positive=True)))
 INTRA_KEYS = (
     Key("topology", str, choices=tuple(t.value for t in IntraNodeTopology)),
     Key("bandwidth_GBps", float, positive=True),
@@ -147,13 +144,11 @@ def cluster_from_table(table: Mapping[str, Any], source: str | Path, base_dir: P
                       collective_launch=host["collective_launch"], zero3_hook=host["zero3_hook"],
                       fsdp2_hook=host["fsdp2_hook"], zero3_rank_piece=host["zero3_rank_piece"],
                       synchronous=host["synchronous"]))
-    cal = read_table(v["calibration"], CALIBRATION_KEYS, source, prefix + "calibration.")
-    calibration = {op: (cal[f"{op}_alpha"], cal[f"{op}_busbw"]) for op in CALIBRATED_OPS
-                   if cal[f"{op}_alpha"] is not None and cal[f"{op}_busbw"] is not None}
+    calibration, curves = read_calibration(v["calibration"], source, prefix + "calibration.")
     return ClusterSpec(name=v["name"], node=node,
                        inter_node=LinkSpec(bandwidth=inter["nic_bandwidth"],
                                            efficiency=inter["efficiency"], latency=inter["latency"]),
-                       uncertain=tuple(v["uncertain"]), calibration=calibration,
+                       uncertain=tuple(v["uncertain"]), calibration=calibration, calibration_curves=curves,
                        fabric_halving_nodes=inter["fabric_halving_nodes"])
 
 
