@@ -3,7 +3,9 @@
 Measured with `world` gloo processes at once (as the validation runs use the machine):
 the four collectives at sizes 1 KiB to 64 MiB on 2 and 4 ranks, fitted per op by least
 squares of the relative error to t = alpha x steps(op, n) + S x factor(op, n) / busbw
-(NCCL's step counts and nccl-tests' bus factors, sim.analytic.opcost), GEMM throughput on
+(NCCL's step counts and nccl-tests' bus factors, sim.analytic.opcost; the profile keeps the
+measured curve, `<op>_busbw_curve`, which the simulator interpolates, and the line beside
+it as a comment), GEMM throughput on
 the model's layer shapes, memory bandwidth (a large add), and the per-op overhead of small kernels. The
 profile is a cluster TOML plus a GPU TOML, written outside the repository by default
 (~/.cache/zerosim/calibrated), each number with its provenance.
@@ -64,6 +66,11 @@ def fit_alpha_beta(samples: list[tuple[int, int, float]], op: str,
     return float(alpha), 1.0 / float(inv_bw)
 
 
+def measured_curve(samples: list[tuple[int, int, float]], op: str) -> list[tuple[int, float]]:
+    """(size, nccl-tests bus bandwidth S x factor(op, n) / t) per measured (n, S, t), by size."""
+    return sorted((size, size * bus_factor(Coll(op), n) / t) for n, size, t in samples)
+
+
 def attention_efficiencies(compute: dict[str, Any], shape: tuple[int, int, int, int]) -> tuple[float, float]:
     """`attention_efficiency` and `attention_backward_efficiency` that make the simulator's
     flash-attention kernels (sim.analytic.kernels.attention, timed by
@@ -82,9 +89,12 @@ def attention_efficiencies(compute: dict[str, Any], shape: tuple[int, int, int, 
 
 def write_profile(out_dir: Path, fits: dict[str, tuple[float, float]], compute: dict[str, float],
                   gpus_per_node: int, hooks: dict[str, float] | None = None,
-                  attention: tuple[float, float] | None = None) -> Path:
+                  attention: tuple[float, float] | None = None, *,
+                  curves: dict[str, list[tuple[int, float]]]) -> Path:
     """Write calibrated GPU and cluster TOML files for `gpus_per_node` processes sharing the
     machine (contention differs with their number); return the cluster file's path.
+    `curves`: per op, (size in bytes, bus bandwidth in B/s) as measured (`busbw_curve`), the
+    collectives' rates in the profile; `fits` go beside them as comments.
     `hooks`: measured seconds per hook call, by engine ('fsdp2', 'deepspeed'); the host is
     synchronous (a CPU process issues and runs its own work), its launch costs are in the
     measured kernel overhead and collective alphas."""
@@ -131,9 +141,12 @@ attention_backward_efficiency = {attention[1]:.4g}   # measured: its backward
     for engine, key in (("fsdp2", "fsdp2_hook_us"), ("deepspeed", "zero3_hook_us")):
         if engine in hooks:
             lines.append(f"{key} = {hooks[engine] * 1e6:.6g}  # measured: sim.validate.measure_hooks, all processes at once")
-    lines += ["", "[calibration]  # least-squares fits of the measured collectives"]
+    lines += ["", "[calibration]  # the measured collectives, as nccl-tests prints them: [[size_bytes, busbw_GBps], ...]"]
     for op, (alpha, busbw) in sorted(fits.items()):
-        lines += [f"{op}_alpha_us = {alpha * 1e6:.6g}  # measured", f"{op}_busbw_GBps = {busbw / 1e9:.6g}  # measured"]
+        points = ", ".join(f"[{size}, {bw / 1e9:.6g}]" for size, bw in curves[op])
+        lines += [f"# {op}: relative least-squares line alpha {alpha * 1e6:.4g} us per step, "
+                  f"busbw {busbw / 1e9:.4g} GB/s (for reference; the curve is used)",
+                  f"{op}_busbw_curve = [{points}]  # measured"]
     path = out_dir / f"local-cpu-calibrated{suffix}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -205,7 +218,8 @@ def calibrate(out_dir: Path, *, worlds: tuple[int, ...] = (2, 4), sizes: tuple[i
                                                          compute["kernel_overhead"])
         hook_s = {engine: statistics.median(r["hooks"][engine] for r in ranks) for engine in engines}
         fits = {op: fit_alpha_beta(s, op, max_busbw=compute["memory_bandwidth"]) for op, s in samples.items()}
+        curves = {op: measured_curve(s, op) for op, s in samples.items()}
         attention = attention_efficiencies(compute, shape) if shape else None
-        out[world] = {"path": write_profile(out_dir, fits, compute, world, hook_s, attention), "samples": samples,
-                      "fits": fits, "compute": compute, "hooks": hook_s}
+        path = write_profile(out_dir, fits, compute, world, hook_s, attention, curves=curves)
+        out[world] = {"path": path, "samples": samples, "fits": fits, "compute": compute, "hooks": hook_s}
     return out

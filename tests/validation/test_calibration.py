@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sim.analytic import opcost
 from sim.analytic.opcost import bus_factor, ring_steps
 from sim.core.enums import Coll
 from sim.inputs.hardware import load_cluster
@@ -45,7 +46,13 @@ def test_a_short_calibration_writes_a_profile_the_simulator_uses(tmp_path):
                         seq_len=32)
     path = results[2]["path"]
     cluster = load_cluster(path)
-    assert set(cluster.calibration) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    # the measured curves, not the fitted lines, are the profile's collectives
+    assert set(cluster.calibration_curves) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast"}
+    assert cluster.calibration == {}
+    for op, samples in results[2]["samples"].items():
+        for n, size, t in samples:
+            phases = opcost.collective_phases(Coll(op), size, opcost.GroupShape(n, 1, n), cluster)
+            assert opcost.isolated_time(phases, cluster) == pytest.approx(t, rel=1e-4)
     assert cluster.gpu.fp32_flops > 1e8 and cluster.gpus_per_node == 2
     host = cluster.node.host
     assert host.synchronous and host.launch == 0.0 and host.fsdp2_hook > 0.0   # a CPU process: hooks inline
