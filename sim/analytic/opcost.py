@@ -17,7 +17,7 @@ from enum import StrEnum
 
 from sim.analytic import nccl
 from sim.core.enums import Algorithm, Coll
-from sim.core.specs import AioConfig, ClusterSpec
+from sim.core.specs import AioConfig, ClusterSpec, Curve
 
 ADAM_BYTES_PER_PARAM = 30.0  # read p, g, m, v (16 B), write p, m, v (12 B), write 16-bit p (2 B); reference 5
 
@@ -186,7 +186,7 @@ def ring_steps(coll: Coll, n: int) -> int:
     return 2 * (n - 1) if coll is Coll.ALL_REDUCE else n - 1
 
 
-def curve_busbw(curve: tuple[tuple[float, float], ...], nbytes: float) -> float:
+def curve_busbw(curve: Curve, nbytes: float) -> float:
     """A measured curve's bus bandwidth for a message of `nbytes` (sim.inputs.calibration_table):
     interpolated linearly in log(size) between the measured sizes; below the smallest size
     scaled so the time stays that of the smallest (a latency floor); above the largest, the

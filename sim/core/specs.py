@@ -100,6 +100,10 @@ class NodeSpec:
     host: HostSpec
 
 
+Curve = tuple[tuple[float, float], ...]
+"""A measured collective: (bytes, bus bandwidth in B/s) pairs, sizes increasing."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSpec:
     """A node type and the network between nodes; the node count lives in the scenario."""
@@ -110,7 +114,7 @@ class ClusterSpec:
     uncertain: tuple[str, ...] = ()
     calibration: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Measured collectives inside a node (`zerosim calibrate`): op -> (alpha per step s, busbw B/s)."""
-    calibration_curves: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    calibration_curves: dict[str, Curve] = field(default_factory=dict)
     """Or measured curves: op -> ((bytes, busbw B/s), ...) (sim.inputs.calibration_table)."""
     fabric_halving_nodes: float = math.inf
     """Nodes beyond two at which a ring's per-NIC bus bandwidth has fallen to half its two-node

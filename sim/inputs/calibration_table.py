@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.core.errors import InputError
+from sim.core.specs import Curve
 from sim.core.units import GB
 from sim.inputs.schema import Key, check_value, read_table
 
@@ -31,8 +32,6 @@ CALIBRATION_KEYS = tuple(k for op in CALIBRATED_OPS for k in (
     Key(f"{op}_busbw_GBps", float, required=False, default=None, positive=True),
     Key(f"{op}_busbw_curve", list, required=False, default=None)))
 MAX_CURVE_POINTS = 1000
-
-Curve = tuple[tuple[float, float], ...]     # (bytes, bus bandwidth in B/s), sizes increasing
 
 
 def read_calibration(table: Mapping[str, Any], source: str | Path, prefix: str,
@@ -44,9 +43,9 @@ def read_calibration(table: Mapping[str, Any], source: str | Path, prefix: str,
     for op in CALIBRATED_OPS:
         alpha, busbw, curve = cal[f"{op}_alpha"], cal[f"{op}_busbw"], cal[f"{op}_busbw_curve"]
         if (alpha is None) != (busbw is None):
-            missing = f"{op}_busbw_GBps" if busbw is None else f"{op}_alpha_us"
-            raise InputError(source, prefix + (f"{op}_alpha_us" if busbw is None else f"{op}_busbw_GBps"),
-                             f"an alpha-beta line needs both keys; add {prefix}{missing}")
+            alpha_key, busbw_key = f"{op}_alpha_us", f"{op}_busbw_GBps"
+            given, missing = (alpha_key, busbw_key) if busbw is None else (busbw_key, alpha_key)
+            raise InputError(source, prefix + given, f"an alpha-beta line needs both keys; add {prefix}{missing}")
         if curve is not None and alpha is not None:
             raise InputError(source, prefix + f"{op}_busbw_curve",
                              f"give either {op}_busbw_curve or {op}_alpha_us and {op}_busbw_GBps, not both")

@@ -5,10 +5,10 @@ the four collectives at sizes 1 KiB to 64 MiB on 2 and 4 ranks, fitted per op by
 squares of the relative error to t = alpha x steps(op, n) + S x factor(op, n) / busbw
 (NCCL's step counts and nccl-tests' bus factors, sim.analytic.opcost; the profile keeps the
 measured curve, `<op>_busbw_curve`, which the simulator interpolates, and the line beside
-it as a comment), GEMM throughput on
-the model's layer shapes, memory bandwidth (a large add), and the per-op overhead of small kernels. The
-profile is a cluster TOML plus a GPU TOML, written outside the repository by default
-(~/.cache/zerosim/calibrated), each number with its provenance.
+it as a comment), GEMM throughput on the model's layer shapes, memory bandwidth (a large
+add), and the per-op overhead of small kernels. The profile is a cluster TOML plus a GPU
+TOML, written outside the repository by default (~/.cache/zerosim/calibrated), each number
+with its provenance.
 
 On a GPU machine the same command measures the GPU: GEMM efficiency by shape, HBM
 bandwidth and kernel overhead (docs/validation.md says how; interconnect calibration there
@@ -97,7 +97,7 @@ def write_profile(out_dir: Path, fits: dict[str, tuple[float, float]], compute: 
     collectives' rates in the profile; `fits` go beside them as comments.
     `hooks`: measured seconds per hook call, by engine ('fsdp2', 'deepspeed'); the host is
     synchronous (a CPU process issues and runs its own work), its launch costs are in the
-    measured kernel overhead and collective alphas."""
+    measured kernel overhead and collective curves."""
     hooks = hooks or {}
     suffix = f"-w{gpus_per_node}"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +136,7 @@ attention_backward_efficiency = {attention[1]:.4g}   # measured: its backward
              "cpu_adam_params_per_s = 2.0e8  # placeholder: not measured",
              "synchronous = true       # a CPU process runs the work it issues: host costs are inline",
              "launch_us = 0            # dispatch is in the GPU file's measured kernel_overhead_us",
-             "collective_launch_us = 0  # the call is in the [calibration] alphas",
+             "collective_launch_us = 0  # the call is in the measured [calibration] curves",
              f"zero3_rank_piece_us = {compute['rank_piece'] * 1e6:.6g}  # measured: sim.validate.measure.rank_piece_seconds"]
     for engine, key in (("fsdp2", "fsdp2_hook_us"), ("deepspeed", "zero3_hook_us")):
         if engine in hooks:
