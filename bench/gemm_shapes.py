@@ -5,7 +5,10 @@ matmul_interpolator_data.h; source in the file's header), predicts each shape's 
 with sim.analytic.kernel_time on the catalog's H100 file, and prints the error
 (predicted / measured - 1) overall, for large shapes (m, n, k >= 1024) and by GEMM size.
 
-Run: python bench/gemm_shapes.py [--gpu hardware/gpus/h100-sxm5-80g.toml]
+Run: python bench/gemm_shapes.py [--gpu hardware/gpus/h100-sxm5-80g.toml] [--floor]
+(--floor: also the lowest `matmul_efficiency`, in steps of 0.01, at which the table's median
+|error| stays under 10%: the floor `zerosim fit` keeps for the chip, sim.studies.fit_params
+CHIP_BOUNDS.)
 """
 
 from __future__ import annotations
@@ -47,10 +50,31 @@ def fitted_fixed_us(gpu_file: Path) -> float:
     return float(minimize_scalar(cost, bounds=(0.0, 20.0), method="bounded", options={"xatol": 0.05}).x)
 
 
+def median_error_at(gpu_file: Path, efficiency: float) -> float:
+    """The table's median |error| with the GPU's `matmul_efficiency` set to `efficiency`
+    and the per-call fixed time refitted."""
+    import tempfile
+
+    from sim.studies.fit_params import rewrite_toml
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / gpu_file.name
+        f.write_text(rewrite_toml(gpu_file.read_text(), "matmul_efficiency", efficiency, "trial"))
+        return float(compared(f, fitted_fixed_us(f))["error"].abs().median())
+
+
+def efficiency_floor(gpu_file: Path, bound: float = 0.10, step: float = 0.01) -> float:
+    """The lowest `matmul_efficiency` on a `step` grid whose median |error| is under `bound`
+    (the error falls as the efficiency rises towards the table's best over 0.55-0.95)."""
+    grid = np.round(np.arange(0.55, 0.95 + step / 2, step), 4)
+    return float(next(e for e in grid if median_error_at(gpu_file, float(e)) < bound))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default=str(ROOT / "hardware" / "gpus" / "h100-sxm5-80g.toml"))
-    gpu_file = Path(ap.parse_args().gpu)
+    ap.add_argument("--floor", action="store_true", help="also print the efficiency floor (10%% median)")
+    args = ap.parse_args()
+    gpu_file = Path(args.gpu)
     us = fitted_fixed_us(gpu_file)
     print(f"per-call fixed time that fits the table best: {us:.2f} us (catalog kernel_overhead_us: "
           f"{load_gpu(gpu_file).kernel_overhead * 1e6:.2f})")
@@ -62,6 +86,8 @@ def main() -> None:
               f"median {100 * e.median():+5.1f}%, worst {100 * e.abs().max():5.1f}%")
     bins = pd.cut(d["gflop"], [0, 1, 10, 100, 1e6], labels=["< 1 GFLOP", "1-10", "10-100", "> 100"])
     print(d.groupby(bins, observed=True)["error"].agg(["count", "median"]).to_string(float_format="{:+.3f}".format))
+    if args.floor:
+        print(f"lowest matmul_efficiency with median |error| under 10%: {efficiency_floor(gpu_file):.2f}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from sim.inputs.catalog import catalog_dir
 from sim.inputs.hardware import load_cluster, load_gpu
 from sim.simulate import simulate
 from sim.studies.fit import Evaluator, FitRow, fit, folds_of
-from sim.studies.fit_params import applied, chip, parameters, rewrite_toml
+from sim.studies.fit_params import CHIP_BOUNDS, GPU_BOUNDS, applied, chip, parameters, rewrite_toml
 from tests.crosscheck.scenarios import tiny
 
 
@@ -167,3 +167,21 @@ def test_the_fresh_pageable_copy_rate_is_fitted_only_where_such_copies_run():
     assert param.scope == offloaded.cluster.host.cpu and param.low < 1.4 < param.high
     slow, fast = (simulate(applied(offloaded, [param], [v])).step_time_s for v in (param.low, param.high))
     assert slow > fast
+
+
+def test_h100_gemm_efficiency_is_floored_where_its_measured_gemms_stop_matching():
+    """The fit's H100 `matmul_efficiency` floor is where XLA's measured H100 GEMMs put it
+    (the lowest efficiency whose median |error| stays under 10%, recomputed here), and other
+    chips keep the general bounds."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from gemm_shapes import efficiency_floor, median_error_at
+    gpu_file = catalog_dir("hardware") / "gpus" / "h100-sxm5-80g.toml"
+    floor = CHIP_BOUNDS[("H100", "matmul_efficiency")][0]
+    assert efficiency_floor(gpu_file) == pytest.approx(floor)
+    assert median_error_at(gpu_file, floor - 0.01) >= 0.10 > median_error_at(gpu_file, floor)
+    h100 = replace(tiny("ddp"), cluster=load_cluster(catalog_dir("hardware") / "dgx-h100.toml"))
+    by_chip = {p.scope: p for p in parameters([tiny("ddp"), h100]) if p.key == "matmul_efficiency"}
+    assert by_chip["H100"].low == floor
+    assert by_chip["A100"].low == GPU_BOUNDS["matmul_efficiency"][0]
