@@ -6,6 +6,10 @@ from the DES (representative mode, one step) on the row's scenario with the para
 scipy's bounded trust-region least squares (`least_squares`, method 'trf') minimises a
 robust soft-L1 loss of the residuals (`F_SCALE`: errors beyond about 15% count linearly,
 so a row that the scenario format cannot express well does not drag every parameter).
+A chip with a measured GEMM table (sim.studies.gemm_table: H100) adds one residual that
+stays 0 while the GPU file the parameters make matches that table within 10% median and
+grows steeply beyond (GemmConstraint): step times cannot move a chip's GEMMs off what it
+was measured to run.
 The Jacobian is taken by forward differences with the sparsity each row implies (a row
 depends only on its chip's, its cluster's and its engine's parameters), and every
 prediction is cached by the values of the parameters it depends on, so one Jacobian costs
@@ -32,12 +36,15 @@ from sim.des.engine import EventEngine, Mode
 from sim.engines.plan import check_work, layout_of, plan
 from sim.engines.schedule import Schedule
 from sim.inputs.scenario import Scenario
-from sim.studies.fit_params import Param, applied, parameters, prior_values, start_values
+from sim.studies.fit_params import Param, applied, chip, parameters, prior_values, start_values
+from sim.studies.gemm_table import GEMM_BOUND, TABLES, measured, median_error
 from sim.studies.published import read_rows
 
 F_SCALE = 0.15        # soft-L1 knee on log error (about 15%)
 DIFF_STEP = 0.02      # forward-difference step, relative to each parameter's range
 MAX_ITERATIONS = 8    # trust-region iterations (each takes one sparse Jacobian); 4 left a two-parameter synthetic fit 19% off
+GEMM_WEIGHT = 50.0    # residual per unit of GEMM-table median |error| beyond GEMM_BOUND: one point costs
+                      # as much as a row 65% off, so the table acts as a near-hard limit
 
 
 @dataclass(frozen=True)
@@ -166,10 +173,47 @@ def residuals(ev: Evaluator, idx: Sequence[int], x: Sequence[float]) -> np.ndarr
     return np.where(np.isfinite(r), r, math.log(2.0))
 
 
+class GemmConstraint:
+    """A chip's measured GEMM table (sim.studies.gemm_table) as one extra residual of a fit:
+    0 while the GPU file the parameters make keeps the table within `GEMM_BOUND` median
+    |error|, then `GEMM_WEIGHT` per unit beyond it, so the fit cannot buy step-time accuracy
+    with GEMMs slower (or faster) than the chip runs them. It depends on the chip's
+    `matmul_efficiency` and `memory_bandwidth_efficiency` (a GEMM's operand traffic runs at
+    the latter)."""
+
+    KEYS = ("matmul_efficiency", "memory_bandwidth_efficiency")
+
+    def __init__(self, ev: Evaluator, row: int, chip_name: str) -> None:
+        table = measured(chip_name)
+        assert table is not None, chip_name
+        self.ev, self.row, self.table = ev, row, table
+        self.deps = [j for j in ev.deps[row] if ev.params[j].scope == chip_name and ev.params[j].key in self.KEYS]
+        self.cache: dict[tuple[float, ...], float] = {}
+
+    def excess(self, x: Sequence[float]) -> float:
+        """How far the table's median |error| lies beyond the bound under `x` (0 within)."""
+        key = tuple(round(float(x[j]), 12) for j in self.deps)
+        if key not in self.cache:
+            gpu = applied(self.ev.rows[self.row].scenario, self.ev.params, x).cluster.node.gpu
+            self.cache[key] = max(0.0, median_error(gpu, self.table) - GEMM_BOUND)
+        return self.cache[key]
+
+
+def gemm_constraints(ev: Evaluator, idx: Sequence[int]) -> list[GemmConstraint]:
+    """One constraint per chip with a measured GEMM table that some row of `idx` runs on."""
+    out = []
+    for name in TABLES:
+        on_chip = [i for i in idx if chip(ev.rows[i].scenario.cluster.node.gpu) == name]
+        if on_chip:
+            out.append(GemmConstraint(ev, on_chip[0], name))
+    return [c for c in out if c.deps]
+
+
 def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations: int = MAX_ITERATIONS,
              knee: float = F_SCALE) -> list[float]:
     """Bounded robust least squares on the rows `idx`, from `x0` (soft-L1 with its knee at
-    `knee` of log error); parameters that none of these rows depends on stay at `x0`."""
+    `knee` of log error), with each measured GEMM table's constraint (GemmConstraint) as a
+    residual; parameters that none of these rows depends on stay at `x0`."""
     free = [j for j in range(len(ev.params)) if any(j in ev.deps[i] for i in idx)]
     if not free:
         return list(x0)
@@ -183,15 +227,22 @@ def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations:
             x[j] = float(lo[n] + u[n] * span[n])
         return x
 
-    sparsity = lil_matrix((len(idx), len(free)), dtype=int)
-    for r, i in enumerate(idx):
+    constraints = gemm_constraints(ev, idx)
+    sparsity = lil_matrix((len(idx) + len(constraints), len(free)), dtype=int)
+    for r, deps in enumerate([ev.deps[i] for i in idx] + [c.deps for c in constraints]):
         for n, j in enumerate(free):
-            if j in ev.deps[i]:
+            if j in deps:
                 sparsity[r, n] = 1
+
+    def all_residuals(x: list[float]) -> np.ndarray:
+        extra = [GEMM_WEIGHT * c.excess(x) for c in constraints]
+        return np.concatenate([residuals(ev, idx, x), np.array(extra)])
+
     u0 = np.clip((np.array([x0[j] for j in free]) - lo) / span, 0.0, 1.0)
     # least_squares steps by diff_step x max(1, |u|): u lies in [0, 1], so the step is DIFF_STEP of the range
-    out = least_squares(lambda u: residuals(ev, idx, full(u)), u0, bounds=(0.0, 1.0), method="trf",
-                        loss="soft_l1", f_scale=knee, jac="2-point", jac_sparsity=sparsity,
+    # one free parameter: dense (scipy's sparse solver takes a 2-D subspace and fails at n = 1)
+    out = least_squares(lambda u: all_residuals(full(u)), u0, bounds=(0.0, 1.0), method="trf",
+                        loss="soft_l1", f_scale=knee, jac="2-point", jac_sparsity=sparsity if len(free) > 1 else None,
                         diff_step=DIFF_STEP, x_scale="jac", max_nfev=iterations + 1, xtol=1e-3, ftol=1e-4)
     return full(out.x)
 

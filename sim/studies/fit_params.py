@@ -159,15 +159,6 @@ GPU_BOUNDS = {
     "kernel_overhead_us": (0.5, 15.0, "device gap between dependent kernels 1-10 us (Nsight traces, HTA docs)"),
     "comm_interference": (0.0, 0.4, "compute slowdown beside NCCL: 18.9% mean, 40% max (arXiv 2507.03114)"),
 }
-# A chip whose kernels were measured shape by shape narrows its GPU bounds: below this
-# `matmul_efficiency` the GEMM kernel model stops matching the chip's measured GEMMs (median
-# |error| over XLA's 375 H100 bf16 shapes, one fixed per-call time fitted to them, passes 10%
-# between 0.66 and 0.67: `python bench/gemm_shapes.py --floor`), so a fit that wants slower
-# H100 GEMMs reports the rest as error instead of slowing every kernel past what H100 runs.
-CHIP_BOUNDS = {
-    ("H100", "matmul_efficiency"): (0.67, 0.95, "floor: XLA's 375 measured H100 bf16 GEMMs "
-                                                "(bench/data/gemm_h100_xla.csv) within 10% median"),
-}
 CLUSTER_BOUNDS = {
     "inter_node.fabric_halving_nodes": (2.0, 2000.0, "nodes beyond two at which a ring's inter-node busbw halves: "
                                                      "2.3-2.8 on 8 x 100 Gb/s RoCE (100 -> 40 GB/s from 2 to 6 "
@@ -198,7 +189,7 @@ def parameters(scenarios: Iterable[Scenario], only: Sequence[str] = ()) -> list[
     found: list[Param] = []
     for key, (lo, hi, src) in GPU_BOUNDS.items():
         for scope in sorted({chip(s.cluster.node.gpu) for s in scenarios if s.cluster.node.gpu.sm_count}):
-            found.append(Param(scope, key, *CHIP_BOUNDS.get((scope, key), (lo, hi, src))))
+            found.append(Param(scope, key, lo, hi, src))
     for key, (lo, hi, src) in CLUSTER_BOUNDS.items():
         for scope in sorted({cluster_scope(key, s.cluster) for s in scenarios}):
             found.append(Param(scope, key, lo, hi, src))

@@ -92,17 +92,16 @@ def test_zero3_turns_host_or_communication_bound_at_small_tokens_per_gpu():
 
 
 def test_gemm_model_matches_xla_h100_measurements():
-    """The published H100 bf16 matmul table (bench/data/gemm_h100_xla.csv, ROCm/xla): with
+    """The published H100 bf16 matmul table (hardware/gpus/gemm-h100-xla.csv, ROCm/xla): with
     one fixed per-call time fitted to it, every shape's error has a median under 10%, and
     no shape with m, n, k >= 1024 is off by more than 25%."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from gemm_shapes import compared, fitted_fixed_us
-    gpu_file = catalog_dir("hardware") / "gpus" / "h100-sxm5-80g.toml"
-    us = fitted_fixed_us(gpu_file)
+    from sim.inputs.hardware import load_gpu
+    from sim.studies.gemm_table import compared, fitted_fixed_us, measured
+    gpu = load_gpu(catalog_dir("hardware") / "gpus" / "h100-sxm5-80g.toml")
+    table = measured("H100")
+    us = fitted_fixed_us(gpu, table)
     assert 1.0 < us < 10.0
-    d = compared(gpu_file, us)
+    d = compared(gpu, table, us)
     assert len(d) == 375
     assert d["error"].abs().median() < 0.10
     large = d[(d.m >= 1024) & (d.n >= 1024) & (d.k >= 1024)]
