@@ -7,8 +7,8 @@ scipy's bounded trust-region least squares (`least_squares`, method 'trf') minim
 robust soft-L1 loss of the residuals (`F_SCALE`: errors beyond about 15% count linearly,
 so a row that the scenario format cannot express well does not drag every parameter).
 A chip with a measured GEMM table (sim.studies.gemm_table: H100) adds one residual that
-stays 0 while the GPU file the parameters make matches that table within 10% median and
-grows steeply beyond (GemmConstraint): step times cannot move a chip's GEMMs off what it
+stays 0 while the GPU file the parameters make matches that table within 10% median
+(over every shape and over the large ones) and grows steeply beyond (GemmConstraint): step times cannot move a chip's GEMMs off what it
 was measured to run.
 The Jacobian is taken by forward differences with the sparsity each row implies (a row
 depends only on its chip's, its cluster's and its engine's parameters), and every
@@ -37,13 +37,13 @@ from sim.engines.plan import check_work, layout_of, plan
 from sim.engines.schedule import Schedule
 from sim.inputs.scenario import Scenario
 from sim.studies.fit_params import Param, applied, chip, parameters, prior_values, start_values
-from sim.studies.gemm_table import GEMM_BOUND, TABLES, measured, median_error
+from sim.studies.gemm_table import TABLES, excess, measured
 from sim.studies.published import read_rows
 
 F_SCALE = 0.15        # soft-L1 knee on log error (about 15%)
 DIFF_STEP = 0.02      # forward-difference step, relative to each parameter's range
 MAX_ITERATIONS = 8    # trust-region iterations (each takes one sparse Jacobian); 4 left a two-parameter synthetic fit 19% off
-GEMM_WEIGHT = 50.0    # residual per unit of GEMM-table median |error| beyond GEMM_BOUND: one point costs
+GEMM_WEIGHT = 50.0    # residual per unit of GEMM-table median |error| beyond the bound: one point costs
                       # as much as a row 65% off, so the table acts as a near-hard limit
 
 
@@ -176,7 +176,7 @@ def residuals(ev: Evaluator, idx: Sequence[int], x: Sequence[float]) -> np.ndarr
 class GemmConstraint:
     """A chip's measured GEMM table (sim.studies.gemm_table) as one extra residual of a fit:
     0 while the GPU file the parameters make keeps the table within `GEMM_BOUND` median
-    |error|, then `GEMM_WEIGHT` per unit beyond it, so the fit cannot buy step-time accuracy
+    |error| (every shape, and the large ones), then `GEMM_WEIGHT` per unit beyond, so the fit cannot buy step-time accuracy
     with GEMMs slower (or faster) than the chip runs them. It depends on the chip's
     `matmul_efficiency` and `memory_bandwidth_efficiency` (a GEMM's operand traffic runs at
     the latter)."""
@@ -195,7 +195,7 @@ class GemmConstraint:
         key = tuple(round(float(x[j]), 12) for j in self.deps)
         if key not in self.cache:
             gpu = applied(self.ev.rows[self.row].scenario, self.ev.params, x).cluster.node.gpu
-            self.cache[key] = max(0.0, median_error(gpu, self.table) - GEMM_BOUND)
+            self.cache[key] = excess(gpu, self.table)
         return self.cache[key]
 
 

@@ -93,8 +93,8 @@ def test_zero3_turns_host_or_communication_bound_at_small_tokens_per_gpu():
 
 def test_gemm_model_matches_xla_h100_measurements():
     """The published H100 bf16 matmul table (hardware/gpus/gemm-h100-xla.csv, ROCm/xla): with
-    one fixed per-call time fitted to it, every shape's error has a median under 10%, and
-    no shape with m, n, k >= 1024 is off by more than 25%."""
+    one fixed per-call time fitted to it, every shape's error has a median under 10%, so
+    do the shapes with m, n, k >= 1024, and none of those is off by more than 25%."""
     from sim.inputs.hardware import load_gpu
     from sim.studies.gemm_table import compared, fitted_fixed_us, measured
     gpu = load_gpu(catalog_dir("hardware") / "gpus" / "h100-sxm5-80g.toml")
@@ -105,4 +105,5 @@ def test_gemm_model_matches_xla_h100_measurements():
     assert len(d) == 375
     assert d["error"].abs().median() < 0.10
     large = d[(d.m >= 1024) & (d.n >= 1024) & (d.k >= 1024)]
+    assert large["error"].abs().median() < 0.10
     assert large["error"].abs().max() < 0.25
