@@ -7,9 +7,9 @@ scipy's bounded trust-region least squares (`least_squares`, method 'trf') minim
 robust soft-L1 loss of the residuals (`F_SCALE`: errors beyond about 15% count linearly,
 so a row that the scenario format cannot express well does not drag every parameter).
 A chip with a measured GEMM table (sim.studies.gemm_table: H100) adds one residual that
-stays 0 while the GPU file the parameters make matches that table within 10% median
-(over every shape and over the large ones) and grows steeply beyond (GemmConstraint): step times cannot move a chip's GEMMs off what it
-was measured to run.
+stays 0 while the GPU file the parameters make matches that table within 10% median (over
+every shape and over the large ones) and grows steeply beyond (GemmConstraint): step times
+cannot move a chip's GEMMs off what it was measured to run.
 The Jacobian is taken by forward differences with the sparsity each row implies (a row
 depends only on its chip's, its cluster's and its engine's parameters), and every
 prediction is cached by the values of the parameters it depends on, so one Jacobian costs
@@ -176,10 +176,10 @@ def residuals(ev: Evaluator, idx: Sequence[int], x: Sequence[float]) -> np.ndarr
 class GemmConstraint:
     """A chip's measured GEMM table (sim.studies.gemm_table) as one extra residual of a fit:
     0 while the GPU file the parameters make keeps the table within `GEMM_BOUND` median
-    |error| (every shape, and the large ones), then `GEMM_WEIGHT` per unit beyond, so the fit cannot buy step-time accuracy
-    with GEMMs slower (or faster) than the chip runs them. It depends on the chip's
-    `matmul_efficiency` and `memory_bandwidth_efficiency` (a GEMM's operand traffic runs at
-    the latter)."""
+    |error| (every shape, and the large ones), then `GEMM_WEIGHT` per unit beyond, so the
+    fit cannot buy step-time accuracy with GEMMs slower (or faster) than the chip runs
+    them. It depends on the chip's `matmul_efficiency` and `memory_bandwidth_efficiency`
+    (a GEMM's operand traffic runs at the latter)."""
 
     KEYS = ("matmul_efficiency", "memory_bandwidth_efficiency")
 
@@ -191,7 +191,7 @@ class GemmConstraint:
         self.cache: dict[tuple[float, ...], float] = {}
 
     def excess(self, x: Sequence[float]) -> float:
-        """How far the table's median |error| lies beyond the bound under `x` (0 within)."""
+        """How far the table's medians |error| lie beyond the bound under `x` (0 within)."""
         key = tuple(round(float(x[j]), 12) for j in self.deps)
         if key not in self.cache:
             gpu = applied(self.ev.rows[self.row].scenario, self.ev.params, x).cluster.node.gpu
