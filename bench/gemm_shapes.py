@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.inputs.hardware import load_gpu
-from sim.studies.gemm_table import compared, fitted_fixed_us, measured
+from sim.studies.gemm_table import compared, fitted_fixed_us, large_shapes, measured
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,8 +33,7 @@ def main() -> None:
     print(f"per-call fixed time that fits the table best: {us:.2f} us (catalog kernel_overhead_us: "
           f"{gpu.kernel_overhead * 1e6:.2f})")
     d = compared(gpu, table, us)
-    large = d[(d.m >= 1024) & (d.n >= 1024) & (d.k >= 1024)]
-    for name, part in (("all shapes", d), ("m, n, k >= 1024", large)):
+    for name, part in (("all shapes", d), ("m, n, k >= 1024", large_shapes(d))):
         e = part["error"]
         print(f"{name:18s} {len(part):4d} shapes: median |error| {100 * e.abs().median():5.1f}%, "
               f"median {100 * e.median():+5.1f}%, worst {100 * e.abs().max():5.1f}%")

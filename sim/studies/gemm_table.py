@@ -60,13 +60,17 @@ def fitted_fixed_us(gpu: GpuSpec, table: pd.DataFrame) -> float:
     return float(minimize_scalar(cost, bounds=(0.0, 20.0), method="bounded", options={"xatol": 0.05}).x)
 
 
+def large_shapes(d: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a table whose m, n and k are all at least `LARGE`."""
+    return d[(d.m >= LARGE) & (d.n >= LARGE) & (d.k >= LARGE)]
+
+
 def median_errors(gpu: GpuSpec, table: pd.DataFrame) -> tuple[float, float]:
     """The table's median |error| on `gpu` over every shape and over the large shapes
     (m, n, k >= `LARGE`, the GEMMs of training steps, where `matmul_efficiency` alone sets
     the rate), with the per-call time fitted to the table."""
     d = compared(gpu, table, fitted_fixed_us(gpu, table))
-    large = d[(d.m >= LARGE) & (d.n >= LARGE) & (d.k >= LARGE)]
-    return float(d["error"].abs().median()), float(large["error"].abs().median())
+    return float(d["error"].abs().median()), float(large_shapes(d)["error"].abs().median())
 
 
 def excess(gpu: GpuSpec, table: pd.DataFrame) -> float:

@@ -171,12 +171,11 @@ def test_the_fresh_pageable_copy_rate_is_fitted_only_where_such_copies_run():
     assert slow > fast
 
 
-
 def test_a_measured_gemm_table_holds_the_h100_file_where_its_gemms_run(monkeypatch):
     """Step times made with H100 GEMMs slower than XLA measured them (efficiency 0.58, HBM
     efficiency 0.6) pull the fit down; the GEMM table's constraint keeps the fitted H100 file
     within (about) its 10% median |error|, over every shape and the large ones, where the fit
-without it goes to 0.58."""
+    without it goes to 0.58."""
     h100 = load_cluster(catalog_dir("hardware") / "dgx-h100.toml")
     made = []
     for n, (seq, mb) in enumerate(((512, 2), (2048, 4), (1024, 1))):

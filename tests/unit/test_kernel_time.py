@@ -96,7 +96,7 @@ def test_gemm_model_matches_xla_h100_measurements():
     one fixed per-call time fitted to it, every shape's error has a median under 10%, so
     do the shapes with m, n, k >= 1024, and none of those is off by more than 25%."""
     from sim.inputs.hardware import load_gpu
-    from sim.studies.gemm_table import compared, fitted_fixed_us, measured
+    from sim.studies.gemm_table import compared, fitted_fixed_us, large_shapes, measured
     gpu = load_gpu(catalog_dir("hardware") / "gpus" / "h100-sxm5-80g.toml")
     table = measured("H100")
     us = fitted_fixed_us(gpu, table)
@@ -104,6 +104,7 @@ def test_gemm_model_matches_xla_h100_measurements():
     d = compared(gpu, table, us)
     assert len(d) == 375
     assert d["error"].abs().median() < 0.10
-    large = d[(d.m >= 1024) & (d.n >= 1024) & (d.k >= 1024)]
+    large = large_shapes(d)
+    assert len(large) == 81
     assert large["error"].abs().median() < 0.10
     assert large["error"].abs().max() < 0.25
