@@ -113,7 +113,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
                                       lambda param: f"{note} (docs/fidelity.md); bounds {param.low:g}-{param.high:g}"))
     if args.json:
         out = {"stats": stats, "params": report.params_table(result), "rows": df.to_dict(orient="records"),
-               "simulations": result.simulations}
+               "simulations": result.simulations, "fits": report.outcomes_table(result)}
         print(strict_json(_nulls(out), CLI, indent=2))
     else:
         print(report.markdown(df, result, args.csvs).replace(report.BEGIN, "").replace(report.END, "").strip())

@@ -64,6 +64,21 @@ class FitRow:
         return (self.scenario,) + tuple(a for a in self.alternatives if a is not self.scenario)
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """How one least-squares fit ended (scipy's `least_squares` result): `converged` when it
+    stopped on its tolerances (ftol / xtol / gtol), not on the iteration cap; `cost` is
+    the robust loss it reached (0.5 x sum of soft-L1 terms, the GEMM constraints included)."""
+
+    converged: bool
+    iterations: int
+    cost: float
+
+    def describe(self) -> str:
+        how = "converged" if self.converged else "stopped at the iteration cap"
+        return f"{how} after {self.iterations} evaluations, loss {self.cost:.4g}"
+
+
 @dataclass
 class FitResult:
     params: list[Param]
@@ -74,6 +89,7 @@ class FitResult:
     chosen: dict[str, Scenario] = field(default_factory=dict)   # in-sample: the fastest variant of a row with several
     fold_values: list[list[float]] = field(default_factory=list)
     simulations: int = 0
+    outcomes: list[Outcome] = field(default_factory=list)   # in-sample first, then each fold's
     knee: float = F_SCALE                          # the soft-L1 loss's knee it was fitted with
 
 
@@ -210,13 +226,14 @@ def gemm_constraints(ev: Evaluator, idx: Sequence[int]) -> list[GemmConstraint]:
 
 
 def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations: int = MAX_ITERATIONS,
-             knee: float = F_SCALE) -> list[float]:
+             knee: float = F_SCALE) -> tuple[list[float], Outcome]:
     """Bounded robust least squares on the rows `idx`, from `x0` (soft-L1 with its knee at
     `knee` of log error), with each measured GEMM table's constraint (GemmConstraint) as a
-    residual; parameters that none of these rows depends on stay at `x0`."""
+    residual; parameters that none of these rows depends on stay at `x0`. Returns the values
+    and how the fit ended (scipy status 0: the evaluation cap, `iterations` + 1)."""
     free = [j for j in range(len(ev.params)) if any(j in ev.deps[i] for i in idx)]
     if not free:
-        return list(x0)
+        return list(x0), Outcome(True, 0, 0.0)
     lo = np.array([ev.params[j].low for j in free])
     hi = np.array([ev.params[j].high for j in free])
     span = hi - lo
@@ -244,7 +261,7 @@ def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations:
     out = least_squares(lambda u: all_residuals(full(u)), u0, bounds=(0.0, 1.0), method="trf",
                         loss="soft_l1", f_scale=knee, jac="2-point", jac_sparsity=sparsity if len(free) > 1 else None,
                         diff_step=DIFF_STEP, x_scale="jac", max_nfev=iterations + 1, xtol=1e-3, ftol=1e-4)
-    return full(out.x)
+    return full(out.x), Outcome(bool(out.status > 0), int(out.nfev), float(out.cost))
 
 
 def folds_of(rows: Sequence[FitRow], k: int) -> list[list[int]]:
@@ -269,19 +286,20 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
         everything = [i for i in range(len(rows)) if _PLANS[i][0] is not None]   # the rest: not simulated
         if progress:
             progress(f"fitting {len(params)} parameters to {len(rows)} rows")
-        values = fit_rows(ev, everything, x0, iterations, knee)
+        values, outcome = fit_rows(ev, everything, x0, iterations, knee)
         predicted = dict(zip((rows[i].id for i in everything), ev.predict(everything, values).tolist(), strict=True))
         result = FitResult(params, x0, values, predicted,
                            chosen={rows[i].id: ev.chosen(i, values) for i in everything if rows[i].alternatives},
-                           knee=knee)
+                           outcomes=[outcome], knee=knee)
         if folds > 1:
             for f, fold in enumerate(folds_of(rows, folds)):
                 test = [i for i in fold if i in everything]
                 if progress:
                     progress(f"fold {f + 1} of {folds}: {len(test)} rows held out")
                 train = [i for i in everything if i not in test]
-                fold_x = fit_rows(ev, train, x0, iterations, knee)
+                fold_x, outcome = fit_rows(ev, train, x0, iterations, knee)
                 result.fold_values.append(fold_x)
+                result.outcomes.append(outcome)
                 for i, t in zip(test, ev.predict(test, fold_x).tolist(), strict=True):
                     result.cross_validated[rows[i].id] = t
         result.simulations = ev.simulations

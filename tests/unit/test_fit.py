@@ -15,6 +15,7 @@ from sim.inputs.catalog import catalog_dir
 from sim.inputs.hardware import load_cluster, load_gpu
 from sim.simulate import simulate
 from sim.studies import fit as fit_module
+from sim.studies import fit_report as report
 from sim.studies.fit import Evaluator, FitRow, fit, folds_of
 from sim.studies.fit_params import applied, chip, parameters, rewrite_toml
 from sim.studies.gemm_table import GEMM_BOUND, measured, median_errors
@@ -47,6 +48,20 @@ def test_fit_recovers_the_parameters_that_made_the_step_times():
         assert result.predicted[r.id] == pytest.approx(r.measured_s, rel=0.02)
 
 
+def test_the_report_says_whether_a_fit_converged_or_stopped_at_the_cap():
+    """One iteration from the catalog's start cannot reach 0.65 and 900 us: the in-sample
+    outcome says it stopped at the cap; with the default iterations it converges."""
+    rows = rows_made_with(TRUTH)
+    keys = ("matmul_efficiency", "host.zero3_hook_us")
+    capped = fit(rows, folds=0, jobs=1, only=keys, iterations=1)
+    full = fit(rows, folds=0, jobs=1, only=keys)
+    (a,), (b,) = capped.outcomes, full.outcomes
+    assert not a.converged and a.iterations == 2
+    assert b.converged and b.cost < a.cost
+    assert "stopped at the iteration cap" in report.outcomes_line(capped)
+    assert report.outcomes_line(full).startswith("Fits: in-sample converged")
+
+
 def test_fit_stays_inside_the_bounds():
     rows = [replace(r, measured_s=r.measured_s * 3.0) for r in rows_made_with({})]   # no physical answer
     result = fit(rows, folds=0, jobs=1, only=("matmul_efficiency",))
@@ -73,6 +88,7 @@ def test_cross_validation_predicts_each_row_from_the_other_folds():
     result = fit(rows, folds=3, jobs=1, only=("matmul_efficiency",))
     assert sorted(result.cross_validated) == sorted(r.id for r in rows)
     assert len(result.fold_values) == 3
+    assert [o["fit"] for o in report.outcomes_table(result)] == ["in-sample", "fold 1", "fold 2", "fold 3"]
     folds = folds_of(rows, 3)
     assert sorted(i for f in folds for i in f) == list(range(len(rows)))
     for r in rows:
