@@ -49,8 +49,9 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--csv", metavar="OUT.csv", help="write the per-row table")
     p.add_argument("--plot", metavar="OUT.png", help="draw predicted vs published (.png, .svg, ...)")
     p.add_argument("--doc", metavar="FILE.md", help="replace the generated block of this markdown file")
-    p.add_argument("--from-priors", action="store_true", help="start every fit from the priors the catalog's "
-                   "fitted keys keep in their comments ('prior V: source') instead of their current values")
+    p.add_argument("--from-priors", action="store_true", help="start the in-sample fit, like the folds, from the "
+                   "priors the catalog's fitted keys keep in their comments ('prior V: source') instead of "
+                   "their current values")
     p.add_argument("--json", action="store_true", help="print statistics, parameters and rows as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
@@ -93,7 +94,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     rows = _rows(args)
     progress = None if args.quiet else (lambda line: print(f"zerosim fit: {line}", file=sys.stderr, flush=True))
     result = fit(rows, folds=folds if folds > 1 else 0, jobs=jobs, only=params, iterations=iterations,
-                 progress=progress, priors=catalog_dir("hardware") if args.from_priors else None, knee=knee)
+                 progress=progress, priors=catalog_dir("hardware"), from_priors=args.from_priors, knee=knee)
     df = report.table(rows, result)
     stats = report.summary(df)
     if csv_out:

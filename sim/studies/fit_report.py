@@ -95,7 +95,19 @@ def outcomes_line(result: FitResult) -> str:
         return ""
     parts = [f"{r['fit']} {'converged' if r['converged'] else 'stopped at the iteration cap'} "
              f"({r['iterations']} steps, loss {r['loss']:.4g})" for r in rows]
-    return "Fits: " + "; ".join(parts) + "."
+    return " ".join(filter(None, ["Fits: " + "; ".join(parts) + ".", starts_line(result)]))
+
+
+def starts_line(result: FitResult) -> str:
+    """Where the fits started: the folds from the priors (values no row was fitted to), the
+    in-sample fit from the catalog's values or from the priors too."""
+    if not result.fold_values:
+        return ""
+    if not result.folds_from_priors:
+        return "Every fit started from the catalog's values (no priors read)."
+    if result.start == result.fold_start:
+        return "Every fit started from the priors."
+    return "The in-sample fit started from the catalog's values, the folds from the priors."
 
 
 def _pct(x: float) -> str:
