@@ -47,7 +47,7 @@ def main() -> int:
     print(f"left out ({len(left)} DeepSpeed PipelineEngine rows): {', '.join(left)}", flush=True)
     result = fit(kept, folds=args.folds if args.folds > 1 else 0, jobs=args.jobs,
                  progress=lambda line: print(f"fit: {line}", file=sys.stderr, flush=True),
-                 priors=catalog_dir("hardware"))
+                 priors=catalog_dir("hardware"), from_priors=True)
     df = report.table(kept, result)
     block = report.markdown(df, result, [str(c) for c in csvs])
     print(block.replace(report.BEGIN, "").replace(report.END, "").strip())
