@@ -43,7 +43,7 @@ from sim.engines.plan import check_work, layout_of, plan
 from sim.engines.schedule import Schedule
 from sim.inputs.scenario import Scenario
 from sim.studies.fit_params import Param, applied, chip, parameters, prior_values, start_values
-from sim.studies.gemm_table import TABLES, excess, measured
+from sim.studies.gemm_table import GEMM_BOUND, TABLES, excess, measured
 from sim.studies.published import read_rows
 
 F_SCALE = 0.15        # soft-L1 knee on log error (about 15%)
@@ -51,6 +51,9 @@ DIFF_STEP = 0.02      # forward-difference step, relative to each parameter's ra
 MAX_ITERATIONS = 8    # trust-region iterations (each takes one sparse Jacobian); 4 left a two-parameter synthetic fit 19% off
 GEMM_WEIGHT = 50.0    # residual per unit of GEMM-table median |error| beyond the bound: one point costs
                       # as much as a row 65% off, so the table acts as a near-hard limit
+GEMM_MARGIN = 0.005   # the penalty starts this far inside GEMM_BOUND: a penalty's optimum lies a little past
+                      # where it starts (2026-12-06: the catalog-start fit ended with H100's large shapes at
+                      # 10.05%), and the fitted file must keep the bound the tests hold it to
 
 
 @dataclass(frozen=True)
@@ -199,8 +202,9 @@ def residuals(ev: Evaluator, idx: Sequence[int], x: Sequence[float]) -> np.ndarr
 
 class GemmConstraint:
     """A chip's measured GEMM table (sim.studies.gemm_table) as one extra residual of a fit:
-    0 while the GPU file the parameters make keeps the table within `GEMM_BOUND` median
-    |error| (every shape, and the large ones), then `GEMM_WEIGHT` per unit beyond, so the
+    0 while the GPU file the parameters make keeps the table within `GEMM_BOUND` -
+    `GEMM_MARGIN` median |error| (every shape, and the large ones), then `GEMM_WEIGHT` per
+    unit beyond, so the
     fit cannot buy step-time accuracy with GEMMs slower (or faster) than the chip runs
     them. It depends on the chip's `matmul_efficiency` and `memory_bandwidth_efficiency`
     (a GEMM's operand traffic runs at the latter)."""
@@ -219,7 +223,7 @@ class GemmConstraint:
         key = tuple(round(float(x[j]), 12) for j in self.deps)
         if key not in self.cache:
             gpu = applied(self.ev.rows[self.row].scenario, self.ev.params, x).cluster.node.gpu
-            self.cache[key] = excess(gpu, self.table)
+            self.cache[key] = excess(gpu, self.table, GEMM_BOUND - GEMM_MARGIN)
         return self.cache[key]
 
 

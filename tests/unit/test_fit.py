@@ -210,8 +210,9 @@ def test_the_fresh_pageable_copy_rate_is_fitted_only_where_such_copies_run():
 def test_a_measured_gemm_table_holds_the_h100_file_where_its_gemms_run(monkeypatch):
     """Step times made with H100 GEMMs slower than XLA measured them (efficiency 0.58, HBM
     efficiency 0.6) pull the fit down; the GEMM table's constraint keeps the fitted H100 file
-    within (about) its 10% median |error|, over every shape and the large ones, where the fit
-    without it goes to 0.58."""
+    within its 10% median |error|, over every shape and the large ones (the penalty starts
+    half a point inside, so the fit's optimum does not cross it), where the fit without it
+    goes to 0.58."""
     h100 = load_cluster(catalog_dir("hardware") / "dgx-h100.toml")
     made = []
     for n, (seq, mb) in enumerate(((512, 2), (2048, 4), (1024, 1))):
@@ -222,7 +223,7 @@ def test_a_measured_gemm_table_holds_the_h100_file_where_its_gemms_run(monkeypat
     result = fit(made, folds=0, jobs=1, only=("matmul_efficiency", "memory_bandwidth_efficiency"))
     got = dict(zip((p.key for p in result.params), result.values, strict=True))
     gpu = applied(made[0].scenario, result.params, result.values).cluster.node.gpu
-    assert max(median_errors(gpu, measured("H100"))) < GEMM_BOUND + 0.01
+    assert max(median_errors(gpu, measured("H100"))) < GEMM_BOUND
     assert got["matmul_efficiency"] > 0.63
     monkeypatch.setattr(fit_module, "GEMM_WEIGHT", 0.0)                  # without the table
     free = fit(made, folds=0, jobs=1, only=("matmul_efficiency", "memory_bandwidth_efficiency"))
