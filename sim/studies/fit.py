@@ -21,9 +21,9 @@ fold is predicted by parameters fitted on the other folds only, started from the
 catalog's current values were fitted on these rows, held-out ones included, and a fold
 started there stays near them (2026-12-06: every fold converged within 4.3% of the
 catalog's values, near-zero A100 `comm_interference` aside, and the CV median |error|
-equalled the in-sample one), which is not cross-validation. The in-sample fit may start from the catalog (a warm start: its
-figures describe the values it ends at). The report gives both: in-sample (fit on all
-rows) and cross-validated errors.
+equalled the in-sample one), which is not cross-validation. The in-sample fit may start
+from the catalog (a warm start: its figures describe the values it ends at). The report
+gives both: in-sample (fit on all rows) and cross-validated errors.
 """
 
 from __future__ import annotations
@@ -204,10 +204,9 @@ class GemmConstraint:
     """A chip's measured GEMM table (sim.studies.gemm_table) as one extra residual of a fit:
     0 while the GPU file the parameters make keeps the table within `GEMM_BOUND` -
     `GEMM_MARGIN` median |error| (every shape, and the large ones), then `GEMM_WEIGHT` per
-    unit beyond, so the
-    fit cannot buy step-time accuracy with GEMMs slower (or faster) than the chip runs
-    them. It depends on the chip's `matmul_efficiency` and `memory_bandwidth_efficiency`
-    (a GEMM's operand traffic runs at the latter)."""
+    unit beyond, so the fit cannot buy step-time accuracy with GEMMs slower (or faster)
+    than the chip runs them. It depends on the chip's `matmul_efficiency` and
+    `memory_bandwidth_efficiency` (a GEMM's operand traffic runs at the latter)."""
 
     KEYS = ("matmul_efficiency", "memory_bandwidth_efficiency")
 

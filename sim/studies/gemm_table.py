@@ -73,7 +73,7 @@ def median_errors(gpu: GpuSpec, table: pd.DataFrame) -> tuple[float, float]:
     return float(d["error"].abs().median()), float(large_shapes(d)["error"].abs().median())
 
 
-def excess(gpu: GpuSpec, table: pd.DataFrame, bound: float = GEMM_BOUND) -> float:
+def excess(gpu: GpuSpec, table: pd.DataFrame, bound: float) -> float:
     """How far `gpu` lies beyond `bound` on the table: the sum of what each median |error|
     (every shape; large shapes) exceeds it by, 0 within both."""
     return sum(max(0.0, e - bound) for e in median_errors(gpu, table))
