@@ -41,6 +41,7 @@ from scipy.sparse import lil_matrix
 from sim.des.engine import EventEngine, Mode
 from sim.engines.plan import check_work, layout_of, plan
 from sim.engines.schedule import Schedule
+from sim.inputs.catalog import catalog_dir
 from sim.inputs.scenario import Scenario
 from sim.studies.fit_params import Param, applied, chip, parameters, prior_values, start_values
 from sim.studies.gemm_table import GEMM_BOUND, TABLES, excess, measured
@@ -48,6 +49,7 @@ from sim.studies.published import read_rows
 
 F_SCALE = 0.15        # soft-L1 knee on log error (about 15%)
 DIFF_STEP = 0.02      # forward-difference step, relative to each parameter's range
+CATALOG_HARDWARE = catalog_dir("hardware")   # its fitted keys' comments keep their priors
 MAX_ITERATIONS = 8    # trust-region iterations (each takes one sparse Jacobian); 4 left a two-parameter synthetic fit 19% off
 GEMM_WEIGHT = 50.0    # residual per unit of GEMM-table median |error| beyond the bound: one point costs
                       # as much as a row 65% off, so the table acts as a near-hard limit
@@ -283,13 +285,15 @@ def folds_of(rows: Sequence[FitRow], k: int) -> list[list[int]]:
 
 def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence[str] = (),
         iterations: int = MAX_ITERATIONS, progress: Callable[[str], None] | None = None,
-        priors: Path | None = None, from_priors: bool = False, knee: float = F_SCALE) -> FitResult:
+        priors: Path | None = CATALOG_HARDWARE, from_priors: bool = False,
+        knee: float = F_SCALE) -> FitResult:
     """Fit on all rows (in-sample) and, with `folds` > 1, on each k-1 folds (cross-validated),
     each with the soft-L1 loss's knee at `knee`.
-    `priors` is the catalog's hardware folder whose fitted keys' comments keep their priors
-    (sim.studies.fit_params.prior_values): the folds start from those priors (the catalog's
-    value where a key has none), the in-sample fit from the catalog's values, or from the
-    priors too with `from_priors`. Without `priors` every fit starts from the catalog."""
+    `priors` is a hardware folder whose fitted keys' comments keep their priors
+    (sim.studies.fit_params.prior_values; by default the catalog's): the folds start from
+    those priors (the catalog's value where a key has none), the in-sample fit from the
+    catalog's values, or from the priors too with `from_priors`. `priors=None` starts every
+    fit from the catalog: its folds then start from values fitted on their held-out rows."""
     params = parameters([r.scenario for r in rows], only)
     catalog_x = start_values(params, [r.scenario for r in rows])
     prior_x = catalog_x if priors is None else [

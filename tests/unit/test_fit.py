@@ -98,17 +98,20 @@ def test_cross_validation_predicts_each_row_from_the_other_folds():
 
 def test_folds_start_from_the_priors_not_from_values_fitted_on_their_held_out_rows():
     """The catalog's A100 GEMM efficiency was fitted on the published rows, held-out ones
-    included: each fold starts from its prior (0.859, MAMF tables) instead; the in-sample fit
-    starts from the catalog unless asked to start from the priors too."""
+    included: each fold starts from its prior (0.859, MAMF tables) instead, by default; the
+    in-sample fit starts from the catalog unless asked to start from the priors too."""
     from sim.studies.fit_params import prior_values
     rows = rows_made_with({"A100.matmul_efficiency": 0.7})
     keys = ("matmul_efficiency",)
     catalog = catalog_dir("hardware")
-    warm = fit(rows, folds=2, jobs=1, only=keys, priors=catalog)
+    warm = fit(rows, folds=2, jobs=1, only=keys)                  # priors: the catalog's by default
     (prior,) = prior_values(warm.params, catalog)
     assert prior is not None and warm.start != [prior]          # the catalog's value is a fitted one
     assert warm.fold_start == [prior]
     assert "the folds from the priors" in report.outcomes_line(warm)
+    leaky = fit(rows, folds=2, jobs=1, only=keys, priors=None)    # asked for: every fit from the catalog
+    assert leaky.fold_start == leaky.start == warm.start
+    assert "no priors read" in report.outcomes_line(leaky)
     cold = fit(rows, folds=2, jobs=1, only=keys, priors=catalog, from_priors=True)
     assert cold.start == cold.fold_start == [prior]
     assert "Every fit started from the priors" in report.outcomes_line(cold)
