@@ -4,7 +4,8 @@ cluster's network, or of the host software, each one key of a hardware file.
 Rules (issue 9, design.md "calibrated constants"): one value per hardware property, never
 per row; every parameter has bounds that keep it physical (the sources in the comments); a
 parameter is fitted only when some row of the fit depends on it. A GPU parameter is shared
-by the files of the same chip (A100 40 GB and 80 GB have the same SMs and kernels); a
+by the files of the same chip at the same power limit (A100 40 GB and 80 GB have the same
+SMs and kernels; a 500 W H100 sustains other clocks than a 700 W one: `chip`); a
 cluster's fabric (how its rings slow with the node count) is its cluster file's, its
 CPU-Adam rate its host CPU's; host software costs (kernel launch, ZeRO-3 and FSDP2 hook
 pairs, ZeRO-3 per-rank slicing) are one value for every cluster file, because they are the
@@ -29,11 +30,20 @@ from sim.inputs.zero_config import BLOCKING_OFFLOAD_VERSION
 # Parts built on another part's die: H200 is the GH100 die of the H100 with HBM3e (NVIDIA
 # H200 datasheet: the H100 SXM's compute); its memory bandwidth is its own peak.
 SAME_DIE = {"H200": "H100"}
+# Parts held at another power limit than their die's namesake: a power cap sets the SM clock
+# a GEMM or a memory-bound kernel sustains (arXiv 2604.11391 measures DGEMM throughput and SM
+# frequency of this very H100 HBM2e part from 200 W to 700 W), so their kernel efficiencies
+# are their own. Meta's Grand Teton H100 runs at 500 W (torchtitan's benchmark page), the
+# H100 SXM5 and H200 at 700 W; its peak is an estimate besides ("between SXM and NVL").
+OWN_POWER_LIMIT = {"H100-SXM-96GB-HBM2e": "H100-500W"}
 
 
 def chip(gpu: GpuSpec) -> str:
-    """The silicon a GPU file describes: 'A100-SXM4-80GB' and 'A100-SXM4-40GB' -> 'A100';
-    'H200-SXM-141GB' -> 'H100' (the same die)."""
+    """The silicon a GPU file describes, at its power limit: 'A100-SXM4-80GB' and
+    'A100-SXM4-40GB' -> 'A100'; 'H200-SXM-141GB' -> 'H100' (the same die, both 700 W);
+    'H100-SXM-96GB-HBM2e' -> 'H100-500W' (OWN_POWER_LIMIT)."""
+    if gpu.name in OWN_POWER_LIMIT:
+        return OWN_POWER_LIMIT[gpu.name]
     name = gpu.name.split("-")[0]
     return SAME_DIE.get(name, name)
 

@@ -176,11 +176,13 @@ def test_bad_fit_options_exit_2_naming_the_key(argv, key, capsys, tmp_path, monk
     assert err.startswith("zerosim: error:") and key in err and "\n" == err[-1] and err.count("\n") == 1
 
 
-def test_parts_on_one_die_share_the_chip_parameters():
-    """H100 80 GB, the 96 GB Grand Teton part and H200 are one GH100 die: one fitted value."""
+def test_parts_on_one_die_share_the_chip_parameters_at_one_power_limit():
+    """H100 80 GB and H200 are one GH100 die at 700 W: one fitted value; the 96 GB Grand
+    Teton part runs that die at 500 W, whose sustained clocks are its own."""
     gpus = catalog_dir("hardware") / "gpus"
-    names = {chip(load_gpu(gpus / f)) for f in ("h100-sxm5-80g.toml", "h100-sxm-96g-hbm2e.toml", "h200-sxm-141g.toml")}
+    names = {chip(load_gpu(gpus / f)) for f in ("h100-sxm5-80g.toml", "h200-sxm-141g.toml")}
     assert names == {"H100"}
+    assert chip(load_gpu(gpus / "h100-sxm-96g-hbm2e.toml")) == "H100-500W"
     assert chip(load_gpu(gpus / "a100-sxm4-40g.toml")) == chip(load_gpu(gpus / "a100-sxm4-80g.toml")) == "A100"
 
 
