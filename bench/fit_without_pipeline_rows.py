@@ -22,7 +22,6 @@ from pathlib import Path
 from published_baseline import default_csvs
 
 from sim.engines.policies import deepspeed_pipeline
-from sim.inputs.catalog import catalog_dir
 from sim.studies import fit_report as report
 from sim.studies.fit import FitRow, fit, usable_rows
 
@@ -47,7 +46,7 @@ def main() -> int:
     print(f"left out ({len(left)} DeepSpeed PipelineEngine rows): {', '.join(left)}", flush=True)
     result = fit(kept, folds=args.folds if args.folds > 1 else 0, jobs=args.jobs,
                  progress=lambda line: print(f"fit: {line}", file=sys.stderr, flush=True),
-                 priors=catalog_dir("hardware"), from_priors=True)
+                 from_priors=True)
     df = report.table(kept, result)
     block = report.markdown(df, result, [str(c) for c in csvs])
     print(block.replace(report.BEGIN, "").replace(report.END, "").strip())

@@ -94,7 +94,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     rows = _rows(args)
     progress = None if args.quiet else (lambda line: print(f"zerosim fit: {line}", file=sys.stderr, flush=True))
     result = fit(rows, folds=folds if folds > 1 else 0, jobs=jobs, only=params, iterations=iterations,
-                 progress=progress, priors=catalog_dir("hardware"), from_priors=args.from_priors, knee=knee)
+                 progress=progress, from_priors=args.from_priors, knee=knee)
     df = report.table(rows, result)
     stats = report.summary(df)
     if csv_out:
