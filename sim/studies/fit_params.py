@@ -15,6 +15,7 @@ on two nodes (nccl-tests) and not fitted.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -209,6 +210,42 @@ def parameters(scenarios: Iterable[Scenario], only: Sequence[str] = ()) -> list[
     if only:
         used = [p for p in used if p.key in only or p.name in only]
     return used
+
+
+NEAR_BOUND = 0.05   # within this fraction of a parameter's range from one of its bounds
+
+
+def leaning_on_bounds(s: Scenario) -> list[str]:
+    """The fitted parameters a GPU scenario depends on (`Param.applies`) whose value lies
+    within NEAR_BOUND of its range (`_place_in_range`) from a bound of the fit, or outside
+    it: where the published-row fit pushed a physical property as far as it may go, the
+    model may lack something there or the rows say little about it (docs/fidelity.md,
+    "What it still misses"), and a prediction that depends on it inherits that. A CPU
+    process (no SMs) has no fitted parameters."""
+    if not s.cluster.node.gpu.sm_count:
+        return []
+    out = []
+    for p in parameters([s]):
+        where = _place_in_range(p, p.value(s.cluster))
+        if where < 0 or where > 1:
+            bound = f"outside the fit's bounds {p.low:g}-{p.high:g}"
+        elif where <= NEAR_BOUND:
+            bound = f"floor {p.low:g}"
+        elif where >= 1 - NEAR_BOUND:
+            bound = f"ceiling {p.high:g}"
+        else:
+            continue
+        out.append(f"{p.name} {p.value(s.cluster):.4g} ({bound})")
+    return out
+
+
+def _place_in_range(p: Param, v: float) -> float:
+    """Where v lies between p's bounds, 0 at the floor and 1 at the ceiling; on a log scale
+    for a range of a decade or more (a fabric's halving distance of 57 nodes is not 'near'
+    a floor of 2 in a range up to 2,000)."""
+    if p.low > 0 and p.high / p.low >= 10:
+        return math.log(max(v, 1e-300) / p.low) / math.log(p.high / p.low)
+    return (v - p.low) / (p.high - p.low)
 
 
 def applied(s: Scenario, params: Sequence[Param], values: Sequence[float]) -> Scenario:
