@@ -40,7 +40,6 @@ from sim.core.errors import InputError
 from sim.des.engine import Mode
 from sim.inputs.catalog import KINDS, catalog_names
 from sim.inputs.load import load_scenario
-from sim.inputs.scenario import Scenario
 from sim.results.memory_report import quick_report, scenario_report
 from sim.results.memory_text import format_memory
 from sim.results.plots import save_memory_plot
@@ -49,7 +48,7 @@ from sim.results.tables import event_table
 from sim.results.trace import write_chrome_trace
 from sim.simulate import simulate
 from sim.studies.check import check_rows, holds
-from sim.studies.fit_params import leaning_on_bounds
+from sim.studies.fit_params import bound_notes
 from sim.validate.cli_args import add_calibrate_args, add_validate_args
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_DOES_NOT_FIT = 0, 2, 3
@@ -192,19 +191,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         written(events, "--events", lambda p: event_table(result).to_csv(p, index=False))
     print(strict_json(report, path, indent=2, sort_keys=True) if args.json else format_run(report, scenario.question))
     return EXIT_OK if result.fits else EXIT_DOES_NOT_FIT
-
-
-def bound_notes(scenario: Scenario) -> list[str]:
-    """A note naming the fitted parameters at a bound of the fit that this step leans on
-    (sim.studies.fit_params.leaning_on_bounds), none when there are none."""
-    leaning = leaning_on_bounds(scenario)
-    if not leaning:
-        return []
-    return ["fit: this step depends on parameters at (or past) a bound of the physical range `zerosim fit` "
-            "allows them; where the published-row fit left a catalog value there, the model may lack "
-            "something or the published rows say little about it, and this prediction inherits that "
-            "(docs/fidelity.md, \"What it still misses\"): "
-            + "; ".join(leaning)]
 
 
 def cmd_check(args: argparse.Namespace) -> int:

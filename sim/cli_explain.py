@@ -43,6 +43,7 @@ def format_explanation(e: Explanation) -> str:
         found = e.findings.get(c.name)
         if found:
             lines.append(f"  to hide >= {100 * HIDDEN:.0f}%: " + "; ".join(_finding(f) for f in found))
+    lines += [f"note: {n}" for n in e.notes]
     return "\n".join(lines)
 
 

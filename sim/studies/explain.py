@@ -34,6 +34,7 @@ from sim.inputs.load import scenario_from_table
 from sim.inputs.reading import parse_toml, read_text
 from sim.results.attribution import CLASSES, op_class
 from sim.simulate import SimulationResult, simulate
+from sim.studies.fit_params import bound_notes
 from sim.studies.sweep import variant
 
 HIDDEN, PARTLY = 0.95, 0.50
@@ -84,9 +85,10 @@ class Explanation:
     step_time_s: float
     classes: list[ClassTime]
     findings: dict[str, list[Finding]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)   # fit_params.bound_notes of the scenario
 
     def to_json(self) -> dict[str, Any]:
-        return {"scenario": self.scenario, "step_time_s": self.step_time_s,
+        return {"scenario": self.scenario, "step_time_s": self.step_time_s, "notes": self.notes,
                 "thresholds": {"hidden": HIDDEN, "partly_hidden": PARTLY},
                 "classes": [{"class": c.name, "busy_s": c.busy_s, "exposed_s": c.exposed_s, "hidden_s": c.hidden_s,
                              "hidden_share": c.hidden_share, "share_of_step": c.exposed_s / self.step_time_s,
@@ -199,7 +201,7 @@ def explain(scenario: str | Path, *, search: bool = True) -> Explanation:
     path = Path(scenario)
     raw = parse_toml(read_text(path), path)
     base = simulate(scenario_from_table(raw, path, path.stem))
-    out = Explanation(base.scenario.name, base.step_time_s, class_times(base))
+    out = Explanation(base.scenario.name, base.step_time_s, class_times(base), notes=bound_notes(base.scenario))
     if not search:
         return out
     searcher = Searcher(raw, path, base)

@@ -239,6 +239,18 @@ def leaning_on_bounds(s: Scenario) -> list[str]:
     return out
 
 
+def bound_notes(s: Scenario) -> list[str]:
+    """One note naming the parameters of `leaning_on_bounds`, none when there are none
+    (`zerosim run` and `zerosim explain` print it with their results)."""
+    leaning = leaning_on_bounds(s)
+    if not leaning:
+        return []
+    return ["fit: this step depends on parameters at (or past) a bound of the physical range `zerosim fit` "
+            "allows them; where the published-row fit left a catalog value there, the model may lack "
+            "something or the published rows say little about it, and this prediction inherits that "
+            "(docs/fidelity.md, \"What it still misses\"): " + "; ".join(leaning)]
+
+
 def _place_in_range(p: Param, v: float) -> float:
     """Where v lies between p's bounds, 0 at the floor and 1 at the ceiling; on a log scale
     for a range of a decade or more (a fabric's halving distance of 57 nodes is not 'near'

@@ -61,3 +61,13 @@ def test_run_reports_them_as_a_note_in_text_and_json(capsys):
         assert notes == []
     assert main(["run", str(path)]) == 0
     assert ("note: fit:" in capsys.readouterr().out) == bool(expected)
+
+
+def test_explain_reports_them_too(capsys):
+    """The hidden / exposed verdicts lean on the same parameters (comm_interference above all)."""
+    path = SCENARIOS / "llama2-7b_zero3_dgx-a100-80gx2.toml"
+    expected = leaning_on_bounds(load_scenario(path))
+    assert main(["explain", str(path), "--no-search", "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert [n for n in notes if n.startswith("fit:")] == ([notes[0]] if expected else [])
+    assert all(item in notes[0] for item in expected)
