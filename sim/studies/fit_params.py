@@ -226,7 +226,8 @@ def leaning_on_bounds(s: Scenario) -> list[str]:
         return []
     out = []
     for p in parameters([s]):
-        where = _place_in_range(p, p.value(s.cluster))
+        value = p.value(s.cluster)
+        where = _place_in_range(p, value)
         if where < 0 or where > 1:
             bound = f"outside the fit's bounds {p.low:g}-{p.high:g}"
         elif where <= NEAR_BOUND:
@@ -235,7 +236,7 @@ def leaning_on_bounds(s: Scenario) -> list[str]:
             bound = f"ceiling {p.high:g}"
         else:
             continue
-        out.append(f"{p.name} {p.value(s.cluster):.4g} ({bound})")
+        out.append(f"{p.name} {value:.4g} ({bound})")
     return out
 
 
