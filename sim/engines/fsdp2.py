@@ -32,8 +32,11 @@ runs the same units, gathers and reduce-scatters, with three differences as impl
   reduce-scatters it on the post-backward stream with `record_stream`: the compute stream
   never waits for an earlier reduce-scatter;
 - the optimizer sees one flat parameter per unit (`use_orig_params=False`, the default).
-Its rate limiter (`limit_all_gathers`, two all-gathers in flight) is forward_prefetch 1, and
-BackwardPrefetch.BACKWARD_PRE is backward_prefetch 1.
+Its rate limiter (`limit_all_gathers`, two all-gathers in flight) is forward_prefetch 1,
+BackwardPrefetch.BACKWARD_PRE is backward_prefetch 1, and BACKWARD_POST (`prefetch_post`)
+issues the next unit's all-gather from the unit's post-backward hook, after its gradients
+and before its reduce-scatter (_runtime_utils.py `_post_backward_reshard`), so the next
+unit's backward waits for the whole gather.
 """
 
 from __future__ import annotations
@@ -85,6 +88,8 @@ class Fsdp2Planner(Planner):
         self.pipelined = layout.pp > 1
         self.accumulating: set[int] = set()             # units whose unsharded gradients accumulate (PP)
         self.blocking = s.cluster.host.synchronous       # a CPU process: c10d calls block (`_blocking_call`)
+        # units gathered ahead from the pre-backward hook (BACKWARD_POST: none, from the post-backward)
+        self.pre_backward_prefetch = 0 if f.prefetch_post else f.backward_prefetch
 
     def resident_allocations(self, census: list[TensorGroup]) -> Resident:
         return fsdp2_resident(self.s, census)
@@ -147,7 +152,7 @@ class Fsdp2Planner(Planner):
             fresh = (ms, -1, Phase.BWD) not in self.ag
             return self._copy_out(use, self._gather(ms, -1, Phase.BWD)) if fresh else [self.ag[(ms, -1, Phase.BWD)]]
         ag = self._gather(ms, unit, Phase.BWD)
-        for ahead in range(1, min(self.f.backward_prefetch, unit) + 1):   # explicit backward prefetch
+        for ahead in range(1, min(self.pre_backward_prefetch, unit) + 1):   # explicit backward prefetch
             self._gather(ms, unit - ahead, Phase.BWD)
         # a unit gathered again for backward is copied out when used; one kept since forward is ready
         return self._copy_out(use, ag) if (ms, unit, Phase.BWD) in self.ag else [ag]
@@ -176,7 +181,7 @@ class Fsdp2Planner(Planner):
         if phase is Phase.FWD:   # buffer of block unit - prefetch - 1 must be resharded first
             gate = self.fwd_done.get(unit - self.f.forward_prefetch - 1)
         elif unit != -1:   # the root's backward gather opens backward: nothing to wait for
-            gate = self.bwd_done.get(unit + self.f.backward_prefetch + 1)
+            gate = self.bwd_done.get(unit + self.pre_backward_prefetch + 1)
         else:
             gate = None
         nbytes = self.p_bytes * self.padded[unit]
@@ -235,6 +240,8 @@ class Fsdp2Planner(Planner):
             return
         self.bwd_done[unit] = op
         self._free(op, unit)   # reshard after backward
+        if self.f.prefetch_post and unit > 0:   # BACKWARD_POST: the next unit's gather, before the reduce-scatter
+            self._gather(ms, unit - 1, Phase.BWD)
         if not self.grad_padded[unit]:   # a unit of frozen parameters only (LoRA): nothing to reduce
             return
         grads = Alloc(Mem.GRADS, f"unsharded gradients unit {unit}", self.p_bytes * self.grad_padded[unit])
@@ -321,7 +328,8 @@ class Fsdp2Planner(Planner):
 
     def notes(self) -> list[str]:
         return [f"FSDP{self.f.version}: {self.m.layers} block units + root; reshard_after_forward={self.f.reshard_after_forward}, "
-                f"forward_prefetch={self.f.forward_prefetch}, backward_prefetch={self.f.backward_prefetch}"]
+                f"forward_prefetch={self.f.forward_prefetch}, backward_prefetch="
+                f"{'BACKWARD_POST' if self.f.prefetch_post else self.f.backward_prefetch}"]
 
 
 def fsdp2_resident(s: Scenario, census: list[TensorGroup]) -> Resident:
@@ -363,6 +371,10 @@ def fsdp2_limits(s: Scenario) -> None:
     assert f is not None
     if f.version == 1:
         fsdp1_limits(s)
+    elif f.prefetch_post:
+        raise InputError(source, "fsdp.backward_prefetch", "\"BACKWARD_POST\" is FSDP1's BackwardPrefetch; FSDP2 "
+                         "prefetches from its pre-backward hook only; allowed with version = 2: an int >= 0 or "
+                         "\"BACKWARD_PRE\" (or set version = 1)")
     if s.parallel.pp > 1:
         problems = [(key, what) for key, what, present in (
             ("fsdp.reshard_after_forward", "reshard_after_forward other than false (torchtitan's default with "
@@ -398,7 +410,8 @@ def fsdp1_limits(s: Scenario) -> None:
          "true (FULL_SHARD) or false (SHARD_GRAD_OP)"),
         ("fsdp.reshard_root", "reshard_root = true", f.reshard_root is True, "left out or false"),
         ("fsdp.forward_prefetch", f"forward_prefetch = {f.forward_prefetch}", f.forward_prefetch > 1, "0 or 1"),
-        ("fsdp.backward_prefetch", f"backward_prefetch = {f.backward_prefetch}", f.backward_prefetch > 1, "0 or 1"),
+        ("fsdp.backward_prefetch", f"backward_prefetch = {f.backward_prefetch}", f.backward_prefetch > 1,
+         "0, 1, \"BACKWARD_PRE\" or \"BACKWARD_POST\""),
         ("parallel.pp", f"pp = {s.parallel.pp}", s.parallel.pp > 1, "1 (pipelines compose FSDP2: version = 2)"),
         ("lora", "LoRA adapters", s.model.lora is not None, "no [lora] table (or version = 2)"))
     for key, what, present, allowed in problems:

@@ -62,7 +62,12 @@ class FsdpConfig:
     torch's default, which keeps the root unsharded after forward; True reshards it, so
     backward begins by gathering the root again. forward_prefetch / backward_prefetch:
     blocks gathered ahead (default 1 each: implicit CPU run-ahead forward,
-    `_backward_prefetch` of one unit backward). version: 2 is `fully_shard` (per-parameter
+    `_backward_prefetch` of one unit backward). backward_prefetch also takes FSDP1's
+    `BackwardPrefetch` names: "BACKWARD_PRE" is depth 1; "BACKWARD_POST" (FSDP1 only:
+    torch/distributed/fsdp/_runtime_utils.py `_post_backward_reshard` calls
+    `_prefetch_handle` once the unit's gradients exist) issues the next unit's all-gather
+    after this unit's backward instead of before it, so it cannot overlap this unit's
+    backward compute (`prefetch_post`). version: 2 is `fully_shard` (per-parameter
     DTensor shards); 1 is `FullyShardedDataParallel`, whose FlatParameter is gathered in place
     (torch/distributed/fsdp/_flat_param.py: the all-gather writes the unsharded flat
     parameter and the module's parameters are views of it, so no copy-out), with the
@@ -74,6 +79,7 @@ class FsdpConfig:
     reshard_root: bool | None = None
     forward_prefetch: int = 1
     backward_prefetch: int = 1
+    prefetch_post: bool = False       # backward_prefetch = "BACKWARD_POST"
     param_dtype: str | None = None    # None: the training precision
     reduce_dtype: str | None = None   # None: param_dtype
     cpu_offload: bool = False
@@ -91,7 +97,7 @@ FSDP_KEYS = (
     Key("reshard_after_forward", object, required=False, default=True),
     Key("reshard_root", bool, required=False, default=None),
     Key("forward_prefetch", int, required=False, default=1, non_negative=True),
-    Key("backward_prefetch", int, required=False, default=1, non_negative=True),
+    Key("backward_prefetch", object, required=False, default=1),
     Key("param_dtype", str, required=False, default=None, choices=PRECISIONS),
     Key("reduce_dtype", str, required=False, default=None, choices=PRECISIONS),
     Key("cpu_offload", bool, required=False, default=False),
@@ -107,7 +113,22 @@ def fsdp_from_table(raw: Mapping[str, Any], source: Path) -> FsdpConfig:
     if not isinstance(reshard, bool):
         check_value(reshard, Key("reshard_after_forward", int, positive=True), source,
                     "fsdp.reshard_after_forward")
-    return FsdpConfig(reshard_after_forward=reshard, **v)
+    depth, post = _backward_prefetch(v.pop("backward_prefetch"), source)
+    return FsdpConfig(reshard_after_forward=reshard, backward_prefetch=depth, prefetch_post=post, **v)
+
+
+BACKWARD_PREFETCH_NAMES = {"BACKWARD_PRE": (1, False), "BACKWARD_POST": (1, True)}
+
+
+def _backward_prefetch(value: Any, source: Path) -> tuple[int, bool]:
+    """[fsdp] backward_prefetch: a depth (int >= 0) or FSDP1's `BackwardPrefetch` name ->
+    (depth, issued after the unit's backward)."""
+    if isinstance(value, str):
+        if value.upper() not in BACKWARD_PREFETCH_NAMES:
+            raise InputError(source, "fsdp.backward_prefetch", f"{value!r} is not valid; allowed: an int >= 0 "
+                             f"(units gathered ahead) or one of {', '.join(BACKWARD_PREFETCH_NAMES)}")
+        return BACKWARD_PREFETCH_NAMES[value.upper()]
+    return check_value(value, Key("backward_prefetch", int, non_negative=True), source, "fsdp.backward_prefetch"), False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

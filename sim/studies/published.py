@@ -223,6 +223,8 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int,
             # torchtitan's reshard_after_forward policy "default" is `not pp_enabled`
             choice.keys.setdefault("fsdp", {})["reshard_after_forward"] = False
             notes.append("FSDP2 with PP: reshard_after_forward false (torchtitan's default policy)")
+    if re.search(r"llm-foundry", f.get("source", "").lower()) and choice.keys.get("fsdp", {}).get("version") == 1:
+        _composer_fsdp_defaults(choice.keys["fsdp"], notes)
     if choice.cpu_checkpointing:
         if rec != "full":
             raise Unusable("activation checkpoints offloaded to CPU without full recomputation")
@@ -268,6 +270,21 @@ def _compute(f: Mapping[str, str], cluster: str, megatron: bool, notes: list[str
         notes.append("loss: flash-attn's fused cross-entropy (llm-foundry's default loss_fn, fused_crossentropy)")
     notes.append(f"kernels {out['kernels']}, attention {out['attention']} (from the framework and date)")
     return out
+
+
+def _composer_fsdp_defaults(fsdp: dict[str, Any], notes: list[str]) -> None:
+    """llm-foundry's benchmark runs (scripts/train/benchmarking, sweep.sh at the commit that
+    added its H100 tables: mosaicml/llm-foundry b2a43a1, torch 2.1.0 cu121 image) go through
+    Composer's FSDP1 wrapper with what their tables and scripts state and Composer's defaults
+    for what they leave out: "MP Mode DEFAULT" in every table row (submit_benchmarks.py
+    `--fsdp_config_mixed_precision` default), which Composer maps to param_dtype bf16 and
+    reduce_dtype fp32 (composer/distributed/mosaic_parallelism.py `get_mixed_precision`), and
+    backward_prefetch, which neither the yamls nor the sweep set: Composer's default
+    BACKWARD_POST (composer/utils/parallelism.py `FSDPConfig.backward_prefetch`)."""
+    fsdp["reduce_dtype"] = "fp32"
+    fsdp["backward_prefetch"] = "BACKWARD_POST"
+    notes.append("Composer FSDP1 as llm-foundry's benchmarks ran it: mixed_precision DEFAULT (fp32 "
+                 "reduce-scatters), backward_prefetch BACKWARD_POST (Composer's default)")
 
 
 def _sequence_parallel(f: Mapping[str, str]) -> bool:
