@@ -284,6 +284,13 @@ def test_the_simple_fsdp_table(tmp_path):
     assert (lf.scenario.training.micro_batch, lf.scenario.training.grad_accum, lf.scenario.model.layers) == (8, 4, 80)
     assert lf.measured_step_s == pytest.approx(2048 * 2048 / (1039 * 64))
     assert lf.scenario.fsdp.version == 1 and any("FSDP1" in a for a in lf.assumptions)
+    # Composer's FSDP as llm-foundry's benchmarks ran it: "MP Mode DEFAULT", BACKWARD_POST
+    assert lf.scenario.fsdp.reduce_dtype == "fp32" and lf.scenario.fsdp.prefetch_post
+    assert any("BACKWARD_POST" in a for a in lf.assumptions)
+    fms = read_rows(write_csv(tmp_path / "fms.csv", SIMPLE, [dict(zip(SIMPLE, (
+        "FMS Llama2-70B A100 128 ns 1 1 128 FSDP_full 6 3145728 4096 bf16? full throughput 380 tok/s/GPU").split()))]))[0]
+    assert fms.usable and fms.scenario.fsdp.version == 1     # torch's own FSDP1 defaults (fms-fsdp)
+    assert fms.scenario.fsdp.reduce_dtype is None and not fms.scenario.fsdp.prefetch_post
     assert zfc.reason == "seq_len not given" and zfc.measured_step_s == pytest.approx(2.497)
 
 
