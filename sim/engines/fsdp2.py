@@ -34,9 +34,11 @@ runs the same units, gathers and reduce-scatters, with three differences as impl
 - the optimizer sees one flat parameter per unit (`use_orig_params=False`, the default).
 Its rate limiter (`limit_all_gathers`, two all-gathers in flight) is forward_prefetch 1,
 BackwardPrefetch.BACKWARD_PRE is backward_prefetch 1, and BACKWARD_POST (`prefetch_post`)
-issues the next unit's all-gather from the unit's post-backward hook, after its gradients
-and before its reduce-scatter (_runtime_utils.py `_post_backward_reshard`), so the next
-unit's backward waits for the whole gather.
+issues the next unit's all-gather from the unit's post-backward hook instead of its
+pre-backward hook: after its backward ops and before its reduce-scatter, in the host's issue
+order (_runtime_utils.py `_post_backward_reshard`). The rate limiter gates both alike (the
+gather of unit i - 1 waits for unit i + 1's reshard). A host that runs ahead of the device
+issues it in time either way; a host-bound one issues it a unit's backward later.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ class Fsdp2Planner(Planner):
         self.pipelined = layout.pp > 1
         self.accumulating: set[int] = set()             # units whose unsharded gradients accumulate (PP)
         self.blocking = s.cluster.host.synchronous       # a CPU process: c10d calls block (`_blocking_call`)
-        # units gathered ahead from the pre-backward hook (BACKWARD_POST: none, from the post-backward)
+        # units gathered ahead from the pre-backward hook (BACKWARD_POST: none; the post-backward hook does)
         self.pre_backward_prefetch = 0 if f.prefetch_post else f.backward_prefetch
 
     def resident_allocations(self, census: list[TensorGroup]) -> Resident:
@@ -181,7 +183,7 @@ class Fsdp2Planner(Planner):
         if phase is Phase.FWD:   # buffer of block unit - prefetch - 1 must be resharded first
             gate = self.fwd_done.get(unit - self.f.forward_prefetch - 1)
         elif unit != -1:   # the root's backward gather opens backward: nothing to wait for
-            gate = self.bwd_done.get(unit + self.pre_backward_prefetch + 1)
+            gate = self.bwd_done.get(unit + self.f.backward_prefetch + 1)
         else:
             gate = None
         nbytes = self.p_bytes * self.padded[unit]
@@ -240,8 +242,6 @@ class Fsdp2Planner(Planner):
             return
         self.bwd_done[unit] = op
         self._free(op, unit)   # reshard after backward
-        if self.f.prefetch_post and unit > 0:   # BACKWARD_POST: the next unit's gather, before the reduce-scatter
-            self._gather(ms, unit - 1, Phase.BWD)
         if not self.grad_padded[unit]:   # a unit of frozen parameters only (LoRA): nothing to reduce
             return
         grads = Alloc(Mem.GRADS, f"unsharded gradients unit {unit}", self.p_bytes * self.grad_padded[unit])
@@ -265,13 +265,16 @@ class Fsdp2Planner(Planner):
         copy-in on the compute stream (which also frees `release`: the resharded unit), the
         reduce-scatter (freeing `grads`) and, with HSDP, the shard's all-reduce; with CPU
         offload the shard's D2H. FSDP1: the gradient is flattened by autograd and the compute
-        stream does not wait for the previous reduce-scatter."""
+        stream does not wait for the previous reduce-scatter; with BACKWARD_POST its hook
+        issues the next unit's all-gather between the two."""
         nbytes = self.r_bytes * self.grad_padded[unit]
         if not self.flat:
             self.wait_before_next_compute(self.prev_rs)   # at most one reduce-scatter outstanding
         name = f"{'gradient flatten' if self.flat else 'reduce-scatter copy-in'} unit {unit}"
         copy_in = self.compute(name, Phase.BWD, ms, (memory(name, 2.0 * nbytes),), None if unit == -1 else unit,
                                free=release)
+        if self.f.prefetch_post and unit > 0:   # BACKWARD_POST: the hook gathers the next unit first
+            self._gather(ms, unit - 1, Phase.BWD)
         rs = self.collective(Stream.REDUCE, Coll.REDUCE_SCATTER, nbytes,
                              f"reduce-scatter {'root' if unit == -1 else f'block {unit}'}", Phase.BWD, ms,
                              deps=[copy_in], layer=None if unit == -1 else unit, free=(grads,), purpose="grad",

@@ -66,8 +66,8 @@ class FsdpConfig:
     `BackwardPrefetch` names: "BACKWARD_PRE" is depth 1; "BACKWARD_POST" (FSDP1 only:
     torch/distributed/fsdp/_runtime_utils.py `_post_backward_reshard` calls
     `_prefetch_handle` once the unit's gradients exist) issues the next unit's all-gather
-    after this unit's backward instead of before it, so it cannot overlap this unit's
-    backward compute (`prefetch_post`). version: 2 is `fully_shard` (per-parameter
+    after this unit's backward ops instead of before them, in the host's issue order
+    (`prefetch_post`). version: 2 is `fully_shard` (per-parameter
     DTensor shards); 1 is `FullyShardedDataParallel`, whose FlatParameter is gathered in place
     (torch/distributed/fsdp/_flat_param.py: the all-gather writes the unsharded flat
     parameter and the module's parameters are views of it, so no copy-out), with the
