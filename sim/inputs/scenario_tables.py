@@ -85,6 +85,10 @@ class FsdpConfig:
     cpu_offload: bool = False
     replicate_degree: int = 1
 
+    def __post_init__(self) -> None:
+        if self.prefetch_post and self.backward_prefetch != 1:
+            raise ValueError("BACKWARD_POST prefetches one unit: backward_prefetch must be 1")
+
     @property
     def post_forward(self) -> int:
         """The k of an int reshard_after_forward (0: a bool)."""
@@ -92,6 +96,7 @@ class FsdpConfig:
         return 0 if isinstance(r, bool) else r
 
 
+BACKWARD_PREFETCH_NAMES = {"NONE": (0, False), "BACKWARD_PRE": (1, False), "BACKWARD_POST": (1, True)}
 FSDP_KEYS = (
     Key("version", int, required=False, default=2, choices=(1, 2)),
     Key("reshard_after_forward", object, required=False, default=True),
@@ -117,18 +122,20 @@ def fsdp_from_table(raw: Mapping[str, Any], source: Path) -> FsdpConfig:
     return FsdpConfig(reshard_after_forward=reshard, backward_prefetch=depth, prefetch_post=post, **v)
 
 
-BACKWARD_PREFETCH_NAMES = {"BACKWARD_PRE": (1, False), "BACKWARD_POST": (1, True)}
-
-
 def _backward_prefetch(value: Any, source: Path) -> tuple[int, bool]:
-    """[fsdp] backward_prefetch: a depth (int >= 0) or FSDP1's `BackwardPrefetch` name ->
-    (depth, issued after the unit's backward)."""
+    """[fsdp] backward_prefetch: a depth (int >= 0) or FSDP1's `BackwardPrefetch` name, in
+    any case as Composer reads it (NONE, BACKWARD_PRE, BACKWARD_POST) -> (depth, issued
+    after the unit's backward)."""
+    allowed = f"allowed: an int >= 0 (units gathered ahead) or one of {', '.join(BACKWARD_PREFETCH_NAMES)}"
     if isinstance(value, str):
         if value.upper() not in BACKWARD_PREFETCH_NAMES:
-            raise InputError(source, "fsdp.backward_prefetch", f"{value!r} is not valid; allowed: an int >= 0 "
-                             f"(units gathered ahead) or one of {', '.join(BACKWARD_PREFETCH_NAMES)}")
+            raise InputError(source, "fsdp.backward_prefetch", f"{value!r} is not valid; {allowed}")
         return BACKWARD_PREFETCH_NAMES[value.upper()]
-    return check_value(value, Key("backward_prefetch", int, non_negative=True), source, "fsdp.backward_prefetch"), False
+    try:
+        return check_value(value, Key("backward_prefetch", int, non_negative=True), source,
+                           "fsdp.backward_prefetch"), False
+    except InputError:
+        raise InputError(source, "fsdp.backward_prefetch", f"{value!r} is not valid; {allowed}") from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -223,7 +223,7 @@ def _table(f: Mapping[str, str], notes: list[str]) -> tuple[dict[str, Any], int,
             # torchtitan's reshard_after_forward policy "default" is `not pp_enabled`
             choice.keys.setdefault("fsdp", {})["reshard_after_forward"] = False
             notes.append("FSDP2 with PP: reshard_after_forward false (torchtitan's default policy)")
-    if re.search(r"llm-foundry", f.get("source", "").lower()) and choice.keys.get("fsdp", {}).get("version") == 1:
+    if "llm-foundry" in f.get("source", "").lower() and choice.keys.get("fsdp", {}).get("version") == 1:
         _composer_fsdp_defaults(choice.keys["fsdp"], notes)
     if choice.cpu_checkpointing:
         if rec != "full":

@@ -101,9 +101,13 @@ def test_backward_post_issues_the_next_gather_after_the_units_backward():
     for prefetch, after_backward in (("BACKWARD_PRE", False), ("BACKWARD_POST", True)):
         names, top = issue_order(scenario(1, backward_prefetch=prefetch))
         gather = names.index(f"all-gather block {top - 1}")
-        backward = names.index(f"bwd-weight model.layers.{top}")
+        backward = names.index(f"bwd-input model.layers.{top}")
         flatten = names.index(f"gradient flatten unit {top}")     # autograd's, before the hook
-        assert (gather > flatten > backward) is after_backward, names[:12]
+        assert names.count(f"all-gather block {top - 1}") == 1
+        if after_backward:
+            assert backward < flatten < gather, names[:12]
+        else:
+            assert gather < backward, names[:12]
         assert gather < names.index(f"reduce-scatter block {top}")
 
 
@@ -118,11 +122,19 @@ def test_backward_post_costs_nothing_while_the_host_runs_ahead():
     assert none.step_time_s > pre.step_time_s     # no prefetch at all does cost
 
 
-@pytest.mark.parametrize(("value", "text"), [("BACKWARD_SIDEWAYS", "BACKWARD_POST"), (-1, "fsdp.backward_prefetch")])
-def test_a_bad_backward_prefetch_names_the_allowed_values(value, text):
+@pytest.mark.parametrize("value", ["BACKWARD_SIDEWAYS", -1, True, 1.5, ""])
+def test_a_bad_backward_prefetch_names_the_allowed_values(value):
     with pytest.raises(InputError) as e:
         scenario(1, backward_prefetch=value)
-    assert e.value.key == "fsdp.backward_prefetch" and text in str(e.value)
+    assert e.value.key == "fsdp.backward_prefetch"
+    assert "allowed: an int >= 0" in str(e.value) and "BACKWARD_POST" in str(e.value)
+
+
+@pytest.mark.parametrize(("value", "depth", "post"), [("none", 0, False), ("BACKWARD_PRE", 1, False),
+                                                      ("backward_post", 1, True), (2, 2, False)])
+def test_backward_prefetch_names_in_any_case_and_depths(value, depth, post):
+    f = scenario(2 if depth == 2 else 1, backward_prefetch=value).fsdp
+    assert (f.backward_prefetch, f.prefetch_post) == (depth, post)
 
 
 def test_backward_post_is_refused_with_fsdp2():
