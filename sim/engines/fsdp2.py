@@ -59,6 +59,7 @@ from sim.engines.schedule import Alloc, Mem, OpRef, Phase, Stream
 from sim.engines.skeleton import Planner
 from sim.engines.uses import B, F, R, Use
 from sim.inputs.scenario import Scenario
+from sim.inputs.scenario_tables import BACKWARD_PREFETCH_NAMES
 from sim.inputs.schema import NOT_SIMULATED_YET
 
 TORCH_CPU_ADAM_SLOWDOWN = 6.0  # DeepSpeedCPUAdam is "5x to 7x" faster than torch Adam (cpu_adam.py)
@@ -414,7 +415,7 @@ def fsdp1_limits(s: Scenario) -> None:
         ("fsdp.reshard_root", "reshard_root = true", f.reshard_root is True, "left out or false"),
         ("fsdp.forward_prefetch", f"forward_prefetch = {f.forward_prefetch}", f.forward_prefetch > 1, "0 or 1"),
         ("fsdp.backward_prefetch", f"backward_prefetch = {f.backward_prefetch}", f.backward_prefetch > 1,
-         "0, 1, \"BACKWARD_PRE\" or \"BACKWARD_POST\""),
+         "0, 1 or one of " + ", ".join(BACKWARD_PREFETCH_NAMES)),
         ("parallel.pp", f"pp = {s.parallel.pp}", s.parallel.pp > 1, "1 (pipelines compose FSDP2: version = 2)"),
         ("lora", "LoRA adapters", s.model.lora is not None, "no [lora] table (or version = 2)"))
     for key, what, present, allowed in problems:
