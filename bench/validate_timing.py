@@ -40,7 +40,8 @@ HEADER = (f"{'round':>5s}  {'strategy':22s}{'world':>6s}{'measured s':>12s}{'pre
 def print_row(out: TextIO, row: dict[str, Any]) -> None:
     print(f"{row.get('round', 0):5d}  {row['strategy']:22s}{row['world']:6d}{row['measured_s']:12.4f}"
           f"{row['predicted_s']:13.4f}{100 * row['error']:8.1f}%{row['speed']:8.2f}{row['adjusted_s']:12.4f}"
-          f"{100 * row['adjusted_error']:8.1f}%", file=out, flush=True)
+          f"{100 * row['adjusted_error']:8.1f}%  steps {' '.join(f'{t:.3f}' for t in row['steps_s'])}",
+          file=out, flush=True)
 
 
 def main() -> None:

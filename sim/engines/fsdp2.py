@@ -36,9 +36,18 @@ Its rate limiter (`limit_all_gathers`, two all-gathers in flight) is forward_pre
 BackwardPrefetch.BACKWARD_PRE is backward_prefetch 1, and BACKWARD_POST (`prefetch_post`)
 issues the next unit's all-gather from the unit's post-backward hook instead of its
 pre-backward hook: after its backward ops and before its reduce-scatter, in the host's issue
-order (_runtime_utils.py `_post_backward_reshard`). The rate limiter gates both alike (the
-gather of unit i - 1 waits for unit i + 1's reshard). A host that runs ahead of the device
-issues it in time either way; a host-bound one issues it a unit's backward later.
+order (_runtime_utils.py `_post_backward_reshard`). Both gathers of unit i - 1 wait for unit
+i + 1's backward. From the post-backward hook that is the rate limiter's doing
+(_limiter_utils.py `_FreeEventQueue`: `_unshard` synchronizes on the oldest of two pending
+reshard events, and this hook reshards unit i before it prefetches). From the pre-backward
+hook the limiter would let it start after unit i + 2's reshard (unit i + 1 has not yet
+resharded), but the gather follows unit i + 1's reduce-scatter on the process group's NCCL
+communicator, which runs its collectives one at a time in issue order (ProcessGroupNCCL's
+one stream per group; NCCL serializes a communicator's collectives, pytorch/pytorch#137390),
+and that reduce-scatter starts when unit i + 1's backward ends. Here the two share the
+links from that point instead of queueing: a simplification that lets a gather behind a
+larger reduce-scatter end early (docs/cost-models.md, "Collectives"). A host that runs ahead of the device issues it in time either way; a host-bound one issues
+it a unit's backward later.
 """
 
 from __future__ import annotations

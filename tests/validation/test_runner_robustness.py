@@ -175,3 +175,14 @@ def test_timing_summary_is_the_median_over_rounds_of_each_strategy():
     assert (adjusted["min_error"], adjusted["max_error"]) == (pytest.approx(-0.08), pytest.approx(0.2))
     (raw,) = summarise(rows, key="error")
     assert raw["median_error"] == pytest.approx(0.1) and raw["predicted_s"] == pytest.approx(1.1)
+
+
+def test_the_measured_step_leaves_the_warm_up_out():
+    """The simulator predicts a steady step: the first two steps (buffers built, allocator
+    filled) do not count, and one slow step among the rest moves the median little."""
+    from sim.validate.timing import WARMUP_STEPS, steady_step
+    steady = [0.50, 0.52, 0.49, 0.51, 0.50, 0.53, 0.50]
+    assert steady_step([0.80, 0.60, *steady]) == pytest.approx(0.50)
+    assert steady_step([0.80, 0.60, *steady[:-1], 0.90]) == pytest.approx(0.51)   # the next value up
+    with pytest.raises(ValueError, match="warm-up"):
+        steady_step([0.8] * WARMUP_STEPS)
