@@ -61,16 +61,21 @@ class _Draft:
     alloc: list[Alloc] = field(default_factory=list)
     free: list[Alloc] = field(default_factory=list)
     ready: AnyOp | None = None     # a replayed op, built at once (made a plain draft if changed)
+    queued: bool = False           # a collective queued behind its process group's previous one
+    queue_after: OpRef | None = None   # that one, where only the queue made it a dependency
 
 
 @dataclass(frozen=True, slots=True)
 class _Template:
     """A recorded part: per op, its type and constructor arguments except the id, the
-    micro-step, the dependencies (kept relative to the part's first op) and pipeline tags;
-    and the last op of each stream it touched (relative too)."""
+    micro-step, the dependencies (kept relative to the part's first op) and pipeline tags,
+    and for the first collective of a queued process group in the part that group (on
+    replay it queues behind the group's newest collective before the part); the last op of
+    each stream it touched and of each group (relative too)."""
 
-    ops: tuple[tuple[type[AnyOp], dict[str, Any], tuple[int, ...]], ...]
+    ops: tuple[tuple[type[AnyOp], dict[str, Any], tuple[int, ...], Axis | None], ...]
     last: tuple[tuple[Stream, int], ...]
+    group_last: tuple[tuple[Axis, int], ...] = ()
 
 
 class Builder:
@@ -85,6 +90,8 @@ class Builder:
         self._part_clean = False
         self._drafts: list[_Draft] = []
         self._last: dict[Stream, OpRef] = {}
+        self.queued_groups: frozenset[Axis] = frozenset()   # process groups whose collectives queue
+        self._group_last: dict[Axis, OpRef] = {}            # the newest collective of each queued group
         self._stream_waits: dict[Stream, list[OpRef]] = {}
         self._receives: dict[Stream, list[PipeTag]] = {}
         self._host_gates: dict[Stream, OpRef] = {}   # the newest op the host synced on, per stream
@@ -173,8 +180,19 @@ class Builder:
                    axis: Axis = Axis.DP, layer: int | None = None, deps: Deps = (),
                    alloc: tuple[Alloc, ...] = (), free: tuple[Alloc, ...] = (), purpose: str = "",
                    pieces: int = 0) -> OpRef:
-        return self._add(Collective, stream, deps, alloc, free, name=name, phase=phase, micro_step=micro_step,
-                         layer=layer, purpose=purpose, coll=coll, axis=axis, nbytes=nbytes, pieces=pieces)
+        if axis not in self.queued_groups:
+            return self._add(Collective, stream, deps, alloc, free, name=name, phase=phase, micro_step=micro_step,
+                             layer=layer, purpose=purpose, coll=coll, axis=axis, nbytes=nbytes, pieces=pieces)
+        own = list(deps)
+        before = self._group_last.get(axis)
+        ref = self._add(Collective, stream, [*own, before], alloc, free, name=name, phase=phase,
+                        micro_step=micro_step, layer=layer, purpose=purpose, coll=coll, axis=axis, nbytes=nbytes,
+                        pieces=pieces)
+        draft = self._drafts[ref]
+        draft.queued = True
+        draft.queue_after = before if before not in own else None
+        self._group_last[axis] = ref
+        return ref
 
     def send(self, name: str, phase: Phase, micro_step: int, *, nbytes: float, tag: PipeTag, peer: int,
              deps: Deps = ()) -> OpRef:
@@ -248,19 +266,26 @@ class Builder:
         if start is None or not self.replays or key in self._templates or not (self._part_clean and self._settled()):
             return
         ops = []
+        seen: set[Axis] = set()   # queued groups with a collective earlier in the part
         for d in self._drafts[start:]:
             if d.ready is not None:
                 return                # a part made of replayed ops: its own template is kept
             fields = dict(d.fields)
             deps = fields.pop("deps")
+            group = fields["axis"] if d.queued and fields["axis"] not in seen else None
+            if d.queued:
+                seen.add(fields["axis"])
+            if group is not None:     # its queue predecessor comes from before the part
+                deps = tuple(dep for dep in deps if dep != d.queue_after)
             tags = [*fields.get("waits_for", ()), *([fields["tag"]] if "tag" in fields else [])]
             if any(dep < start for dep in deps) or fields["micro_step"] != micro_step or \
                     any(tag.micro_step != micro_step for tag in tags):
                 return
             fields.update(stream=d.stream, alloc=tuple(d.alloc), free=tuple(d.free))
-            ops.append((d.cls, fields, tuple(dep - start for dep in deps)))
+            ops.append((d.cls, fields, tuple(dep - start for dep in deps), group))
         last = tuple((stream, ref - start) for stream, ref in self._last.items() if ref >= start)
-        self._templates[key] = _Template(tuple(ops), last)
+        group_last = tuple((axis, ref - start) for axis, ref in self._group_last.items() if ref >= start)
+        self._templates[key] = _Template(tuple(ops), last, group_last)
 
     def replay(self, key: Hashable, micro_step: int) -> bool:
         """Issue the template of `key` again for `micro_step`; False when there is none (or
@@ -270,11 +295,15 @@ class Builder:
             return False
         base = len(self._drafts)
         append = self._drafts.append
-        for i, (cls, args, deps) in enumerate(template.ops):
+        before = dict(self._group_last)
+        for i, (cls, args, deps, group) in enumerate(template.ops):
             kw = dict(args)
             kw["id"], kw["micro_step"] = base + i, micro_step
-            if deps:
-                kw["deps"] = tuple(base + d for d in deps)
+            shifted = [base + d for d in deps]
+            if group is not None and before.get(group) is not None:
+                shifted.append(before[group])
+            if shifted:
+                kw["deps"] = tuple(sorted(shifted))
             if "waits_for" in kw:
                 kw["waits_for"] = tuple(dataclasses.replace(t, micro_step=micro_step) for t in kw["waits_for"])
             if "tag" in kw:
@@ -283,6 +312,8 @@ class Builder:
             append(_Draft(cls, op.stream, {}, ready=op))
         for stream, ref in template.last:
             self._last[stream] = cast(OpRef, base + ref)
+        for axis, ref in template.group_last:
+            self._group_last[axis] = cast(OpRef, base + ref)
         self.replayed += 1
         return True
 

@@ -44,9 +44,9 @@ hook the limiter would let it start after unit i + 2's reshard (unit i + 1 has n
 resharded), but the gather follows unit i + 1's reduce-scatter on the process group's NCCL
 communicator, which runs its collectives one at a time in issue order (ProcessGroupNCCL's
 one stream per group; NCCL serializes a communicator's collectives, pytorch/pytorch#137390),
-and that reduce-scatter starts when unit i + 1's backward ends. Here the two share the
-links from that point instead of queueing: a simplification that lets a gather behind a
-larger reduce-scatter end early (docs/cost-models.md, "Collectives"). A host that runs ahead of the device issues it in time either way; a host-bound one issues
+and that reduce-scatter starts when unit i + 1's backward ends (the builder queues every
+collective of the group behind the previous one: sim.engines.skeleton `QUEUED_GROUPS`).
+A host that runs ahead of the device issues it in time either way; a host-bound one issues
 it a unit's backward later.
 """
 

@@ -31,6 +31,19 @@ from sim.engines.uses import B, F, R, Use
 from sim.engines.workload import EMBEDDINGS, Unit, blocks, float8_tp, shape_of, units
 from sim.inputs.scenario import Scenario
 
+QUEUED_GROUPS = frozenset({Axis.DP, Axis.DP_SHARD})
+"""Process groups whose collectives run one at a time, in issue order. Before PyTorch's
+PR #150398 (2025) every collective of a ProcessGroupNCCL ran on the group's one internal
+stream; since, a synchronous one runs on the caller's stream, and NCCL still serializes a
+communicator's collectives (pytorch/pytorch#137390). FSDP's all-gathers and reduce-scatters,
+DeepSpeed's fetches and gradient buckets, DDP's and Megatron's buckets and the distributed
+optimizer's gathers share the data-parallel group (FSDP2's HSDP: the shard group); so a
+gather issued behind a reduce-scatter waits for it instead of sharing the links with it.
+Not queued: TP (Megatron's overlapped TP runs on userbuffers, not NCCL), the groups ZeRO++
+splits the data-parallel ranks into (several process groups map to each of those axes),
+HSDP's replicate group and FSDP2's post-forward mesh (alone on their streams); nor gloo on
+a CPU process, whose host blocks in each collective (a synchronous host)."""
+
 
 class Planner(Checkpointing, DeepSpeedPipe):
     """Base planner: subclasses choose granules and fill in the hooks."""
@@ -46,6 +59,8 @@ class Planner(Checkpointing, DeepSpeedPipe):
         self.per_chunk = self.split.counts()[stage] if self.v == 1 else self.m.layers // (layout.pp * self.v)
         self.chunk = 0                                      # the local model chunk being planned
         self.b = Builder()
+        if not s.cluster.host.synchronous:
+            self.b.queued_groups = QUEUED_GROUPS
         self._activation_bytes: dict[act.Recompute, float] = {}
         all_units = units(self.m, shape_of(s, layout.tp))
         if granules is None:

@@ -118,7 +118,7 @@ def test_backward_post_costs_nothing_while_the_host_runs_ahead():
         return simulate(tiny("fsdp2", nodes=2, micro_batch=8,
                              strategy_table={"fsdp": {"version": 1, "backward_prefetch": prefetch}}))
     pre, post, none = run("BACKWARD_PRE"), run("BACKWARD_POST"), run(0)
-    assert pre.step_time_s == run(1).step_time_s == post.step_time_s
+    assert pre.step_time_s == run(1).step_time_s == pytest.approx(post.step_time_s, rel=1e-12)   # the issue order sums apart
     assert none.step_time_s > pre.step_time_s     # no prefetch at all does cost
 
 
