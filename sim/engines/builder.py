@@ -61,8 +61,7 @@ class _Draft:
     alloc: list[Alloc] = field(default_factory=list)
     free: list[Alloc] = field(default_factory=list)
     ready: AnyOp | None = None     # a replayed op, built at once (made a plain draft if changed)
-    queued: bool = False           # a collective queued behind its process group's previous one
-    queue_after: OpRef | None = None   # that one, where only the queue made it a dependency
+    queue_after: OpRef | None = None   # a queued collective's predecessor in its group, if only the queue adds it
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,18 +179,15 @@ class Builder:
                    axis: Axis = Axis.DP, layer: int | None = None, deps: Deps = (),
                    alloc: tuple[Alloc, ...] = (), free: tuple[Alloc, ...] = (), purpose: str = "",
                    pieces: int = 0) -> OpRef:
-        if axis not in self.queued_groups:
-            return self._add(Collective, stream, deps, alloc, free, name=name, phase=phase, micro_step=micro_step,
-                             layer=layer, purpose=purpose, coll=coll, axis=axis, nbytes=nbytes, pieces=pieces)
         own = list(deps)
-        before = self._group_last.get(axis)
+        queued = axis in self.queued_groups
+        before = self._group_last.get(axis) if queued else None
         ref = self._add(Collective, stream, [*own, before], alloc, free, name=name, phase=phase,
                         micro_step=micro_step, layer=layer, purpose=purpose, coll=coll, axis=axis, nbytes=nbytes,
                         pieces=pieces)
-        draft = self._drafts[ref]
-        draft.queued = True
-        draft.queue_after = before if before not in own else None
-        self._group_last[axis] = ref
+        if queued:
+            self._drafts[ref].queue_after = before if before not in own else None
+            self._group_last[axis] = ref
         return ref
 
     def send(self, name: str, phase: Phase, micro_step: int, *, nbytes: float, tag: PipeTag, peer: int,
@@ -272,8 +268,9 @@ class Builder:
                 return                # a part made of replayed ops: its own template is kept
             fields = dict(d.fields)
             deps = fields.pop("deps")
-            group = fields["axis"] if d.queued and fields["axis"] not in seen else None
-            if d.queued:
+            queued = d.cls is Collective and fields["axis"] in self.queued_groups
+            group = fields["axis"] if queued and fields["axis"] not in seen else None
+            if queued:
                 seen.add(fields["axis"])
             if group is not None:     # its queue predecessor comes from before the part
                 deps = tuple(dep for dep in deps if dep != d.queue_after)
@@ -295,7 +292,7 @@ class Builder:
             return False
         base = len(self._drafts)
         append = self._drafts.append
-        before = dict(self._group_last)
+        before = self._group_last      # updated only after the part's ops are issued
         for i, (cls, args, deps, group) in enumerate(template.ops):
             kw = dict(args)
             kw["id"], kw["micro_step"] = base + i, micro_step

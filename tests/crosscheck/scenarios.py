@@ -114,6 +114,13 @@ def bundled(name: str) -> Scenario:
     return scenario_from_table(read_toml(path), path, name)
 
 
+def with_host(s: Scenario, **host: object) -> Scenario:
+    """`s` with these fields of its node's host changed (`synchronous=True`: a CPU process,
+    whose gloo calls block)."""
+    h = replace(s.cluster.node.host, **host)
+    return replace(s, cluster=replace(s.cluster, node=replace(s.cluster.node, host=h)))
+
+
 def without_interference(s: Scenario) -> Scenario:
     """`s` with compute-communication interference off: the exactness checks of the engine's
     shortcuts compare op times to 1e-12, and interference makes up lost work in waits that
@@ -126,6 +133,4 @@ def without_interference(s: Scenario) -> Scenario:
 def without_host(s: Scenario) -> Scenario:
     """`s` with no host CPU costs (launches, collective calls, framework hooks) and no
     interference: the engine's links and streams alone, for identities of the overlap model."""
-    host = replace(s.cluster.node.host, launch=0.0, collective_launch=0.0, zero3_hook=0.0, fsdp2_hook=0.0)
-    s = without_interference(s)
-    return replace(s, cluster=replace(s.cluster, node=replace(s.cluster.node, host=host)))
+    return with_host(without_interference(s), launch=0.0, collective_launch=0.0, zero3_hook=0.0, fsdp2_hook=0.0)

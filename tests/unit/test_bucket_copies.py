@@ -5,20 +5,13 @@ gradient reduction, not compute."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from sim.core.enums import Coll
 from sim.engines.plan import plan
 from sim.engines.schedule import Collective, Compute, Stream
 from sim.simulate import simulate
-from tests.crosscheck.scenarios import tiny, without_host
-
-
-def synchronous(s):
-    host = replace(s.cluster.node.host, synchronous=True)
-    return replace(s, cluster=replace(s.cluster, node=replace(s.cluster.node, host=host)))
+from tests.crosscheck.scenarios import tiny, with_host, without_host
 
 
 def named(ops, prefix):
@@ -88,7 +81,7 @@ def test_zero12_hook_copies_are_not_held_behind_the_previous_buckets_reduction()
 
 
 def test_zero12_bucket_copies_run_inline_on_a_cpu_process():
-    ops = list(plan(synchronous(tiny("ds-zero2-overlap"))).ops(0))
+    ops = list(plan(with_host(tiny("ds-zero2-overlap"), synchronous=True)).ops(0))
     copies = named(ops, "average and flatten the bucket") + named(ops, "copy this rank's reduced slices")
     assert copies and all(op.stream is Stream.COMPUTE for op in copies)
 
@@ -153,7 +146,7 @@ def test_zero3_qgz_keeps_the_ipg_copy_and_partition_grads():
 
 
 def test_zero3_bucket_copies_run_inline_on_a_cpu_process():
-    ops = list(plan(synchronous(tiny("ds-zero3"))).ops(0))
+    ops = list(plan(with_host(tiny("ds-zero3"), synchronous=True)).ops(0))
     copies = named(ops, "stage the gradient bucket") + named(ops, "partition_grads")
     assert copies and all(op.stream is Stream.COMPUTE for op in copies)
 

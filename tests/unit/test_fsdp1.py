@@ -112,8 +112,9 @@ def test_backward_post_issues_the_next_gather_after_the_units_backward():
 
 
 def test_backward_post_costs_nothing_while_the_host_runs_ahead():
-    """Both are gated by the rate limiter alike (block i - 1 waits for block i + 1's
-    reshard), and a host ahead of the device issues the gather before the device needs it."""
+    """Block i - 1's gather waits for block i + 1's backward either way (the rate limiter,
+    or block i + 1's reduce-scatter ahead of it on the group's communicator), and a host
+    ahead of the device issues it before the device needs it."""
     def run(prefetch):
         return simulate(tiny("fsdp2", nodes=2, micro_batch=8,
                              strategy_table={"fsdp": {"version": 1, "backward_prefetch": prefetch}}))

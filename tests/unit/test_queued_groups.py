@@ -5,20 +5,13 @@ process, do not queue (sim.engines.skeleton `QUEUED_GROUPS`)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from sim.core.enums import Axis
 from sim.engines.plan import plan
 from sim.engines.schedule import Collective
 from sim.simulate import simulate
-from tests.crosscheck.scenarios import tiny
-
-
-def synchronous(s):
-    host = replace(s.cluster.node.host, synchronous=True)
-    return replace(s, cluster=replace(s.cluster, node=replace(s.cluster.node, host=host)))
+from tests.crosscheck.scenarios import tiny, with_host
 
 
 def collectives(s) -> list[Collective]:
@@ -47,19 +40,19 @@ def test_the_reduce_scatter_holds_back_the_gather_issued_after_it_on_another_str
 
 
 def test_other_groups_do_not_queue():
-    """HSDP's replicate all-reduce and TP collectives keep to their own order only."""
+    """HSDP's replicate all-reduce waits for its own shard's reduce-scatter only, and no
+    collective of the shard group waits for a replicate one."""
     ops = collectives(tiny("fsdp2-hsdp", nodes=2))
     replicate = [op for op in ops if op.axis is Axis.DP_REPLICATE]
-    shard_ids = {op.id for op in ops if op.axis is Axis.DP_SHARD}
-    assert replicate and shard_ids
+    shard = [op for op in ops if op.axis is Axis.DP_SHARD]
+    assert replicate and shard
+    shard_ids, replicate_ids = {op.id for op in shard}, {op.id for op in replicate}
     assert all(len(set(op.deps) & shard_ids) <= 1 for op in replicate)   # its own reduce-scatter only
-    later_shard = [op for op in ops if op.axis is Axis.DP_SHARD]
-    replicate_ids = {op.id for op in replicate}
-    assert not any(replicate_ids & set(op.deps) for op in later_shard)
+    assert not any(replicate_ids & set(op.deps) for op in shard)
 
 
 def test_a_cpu_process_does_not_queue_its_gloo_collectives():
-    s = synchronous(tiny("ds-zero3", nodes=1))
+    s = with_host(tiny("ds-zero3", nodes=1), synchronous=True)
     ops = [op for op in collectives(s) if op.axis is Axis.DP]
     assert not all(a.id in b.deps for a, b in zip(ops, ops[1:], strict=False))
 

@@ -14,14 +14,9 @@ from sim.engines.schedule import Stream
 from sim.inputs.catalog import catalog_dir
 from sim.inputs.hardware import load_cluster
 from sim.simulate import simulate
-from tests.crosscheck.scenarios import tiny, without_interference
+from tests.crosscheck.scenarios import tiny, with_host, without_interference
 
 HOOK = 2e-3
-
-
-def with_host(s, **host):
-    h = replace(s.cluster.node.host, **host)
-    return replace(s, cluster=replace(s.cluster, node=replace(s.cluster.node, host=h)))
 
 
 @pytest.mark.parametrize("strategy", ["fsdp2", "ds-zero3"])
