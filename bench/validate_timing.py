@@ -7,9 +7,10 @@ Each round calibrates this machine afresh (about 30 s per process count), then t
 without the collective recorder, with DDP, DDP + ZeroRedundancyOptimizer, FSDP2 and
 DeepSpeed ZeRO-1/2/3 (in an order rotated per round), and predicts each from that round's
 profile. It prints every round's rows as they come, then per strategy the median error over
-the rounds and its range, drift-adjusted (each run re-measures the machine's GEMM rate; raw
-errors beside; sim.validate.timing says why one pass is not enough on a machine whose speed
-drifts). About 4.5 minutes per round for worlds 2 and 4. With --profile-dir it
+the rounds and its range, drift-adjusted (each run re-measures the machine's GEMM rate and
+the profile's GEMMs are re-simulated at it; raw errors beside, and the whole step scaled by
+that rate as before 2026-12-07; sim.validate.timing says why one pass is not enough on a
+machine whose speed drifts). About 4.5 minutes per round for worlds 2 and 4. With --profile-dir it
 runs one pass against that profile instead. Not a test: it reports what it measures
 (docs/validation.md has a run).
 """
@@ -34,14 +35,14 @@ def calibrate_into(folder: Path, worlds: tuple[int, ...]) -> None:
 
 
 HEADER = (f"{'round':>5s}  {'strategy':22s}{'world':>6s}{'measured s':>12s}{'predicted s':>13s}{'error':>9s}"
-          f"{'speed':>8s}{'adjusted s':>12s}{'error':>9s}")
+          f"{'speed':>8s}{'adjusted s':>12s}{'error':>9s}{'scaled':>9s}")
 
 
 def print_row(out: TextIO, row: dict[str, Any]) -> None:
     print(f"{row.get('round', 0):5d}  {row['strategy']:22s}{row['world']:6d}{row['measured_s']:12.4f}"
           f"{row['predicted_s']:13.4f}{100 * row['error']:8.1f}%{row['speed']:8.2f}{row['adjusted_s']:12.4f}"
-          f"{100 * row['adjusted_error']:8.1f}%  steps {' '.join(f'{t:.3f}' for t in row['steps_s'])}",
-          file=out, flush=True)
+          f"{100 * row['adjusted_error']:8.1f}%{100 * row['step_scaled_error']:8.1f}%"
+          f"  steps {' '.join(f'{t:.3f}' for t in row['steps_s'])}", file=out, flush=True)
 
 
 def main() -> None:
@@ -66,13 +67,13 @@ def main() -> None:
 
 
 def print_summary(out: TextIO, summary: list[dict[str, Any]], rounds: int) -> None:
-    print("\n| strategy | world | rounds | measured s | adjusted prediction s | error | range | raw error |",
-          file=out)
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |", file=out)
+    print("\n| strategy | world | rounds | measured s | adjusted prediction s | error | range | raw error "
+          "| step-scaled error |", file=out)
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |", file=out)
     for s in summary:
         print(f"| {s['strategy']} | {s['world']} | {s['rounds']} | {s['measured_s']:.4f} | {s['predicted_s']:.4f} "
               f"| {100 * s['median_error']:+.1f}% | {100 * s['min_error']:+.1f}% .. {100 * s['max_error']:+.1f}% "
-              f"| {100 * s['raw_error']:+.1f}% |", file=out)
+              f"| {100 * s['raw_error']:+.1f}% | {100 * s['step_scaled_error']:+.1f}% |", file=out)
     inside = sum(s["within"] for s in summary)
     print(f"\n{inside} of {len(summary)} strategies within 10% (median over {rounds} rounds)", file=out)
 

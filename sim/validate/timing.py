@@ -11,19 +11,30 @@ rounds and its range, which is what the 10% target is judged on.
 What drifts between the calibration and a run is the machine, not the model, so each run
 also measures it: the processes time the calibration's own GEMM set (`gemm_rate`, median of
 windows, every process at once) just before and just after their training steps, and the
-drift-adjusted prediction is the profile's prediction x (the profile's GEMM rate / the rate
-around the run): the machine ran that much faster or slower than when it was calibrated,
-the whole step with it (GEMMs are 70% of this step; its Python, memory-bound kernels and
-gloo copies run on the same cores). Both errors are reported, raw and adjusted."""
+drift-adjusted prediction is the simulator's step with the profile's GEMMs at the rate
+measured around the run (`at_gemm_rate`: the GEMMs and the attention, which the profile
+expresses against the GEMM rate; memory-bound kernels, hooks and the gloo collectives stay
+as calibrated). Until 2026-12-07 the whole predicted step was scaled by the profile's GEMM
+rate over the measured one; but gloo's collectives do not follow the GEMM rate: over 128
+quarter-second windows on 4 processes (2026-12-07) the GEMM rate varied by 20% (coefficient
+of variation) and the all-gather and all-reduce times by 18-23%, uncorrelated with it
+(correlation -0.02 to -0.08; the windows with the faster half of GEMM rates ran GEMMs 1.38
+times as fast as the rest and the collectives 0.95-0.99 times), and on 2 processes
+correlated weakly (0.03-0.24; 1.26 times and 1.05-1.15 times). Scaling the whole step by
+the GEMM rate took a collective-heavy step (FSDP2) down with its GEMMs. Each row keeps the
+step-scaled prediction (`step_scaled_s`) beside the new one, and the raw one."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sim.inputs.scenario import Scenario
 from sim.simulate import simulate
 from sim.validate.calibrate import gemm_shapes
 from sim.validate.compare import validation_scenario
@@ -83,26 +94,48 @@ def steady_step(steps_s: list[float]) -> float:
     return statistics.median(steps_s[WARMUP_STEPS:])
 
 
-def predicted_step(profile: Path, strategy: str, world: int) -> tuple[float, float]:
-    """(the simulator's step time on `profile`, the profile's GEMM FLOP/s)."""
-    s = validation_scenario(strategy, TIMING_MODEL, world, cluster=str(profile), seq_len=TIMING_RUN["seq_len"],
-                            micro_batch=TIMING_RUN["micro_batch"], grad_accum=TIMING_RUN["grad_accum"])
+def timing_scenario(profile: Path | str, strategy: str, world: int) -> Scenario:
+    """The scenario of one timing run on a calibrated profile (a path, or a catalog name)."""
+    return validation_scenario(strategy, TIMING_MODEL, world, cluster=str(profile), seq_len=TIMING_RUN["seq_len"],
+                               micro_batch=TIMING_RUN["micro_batch"], grad_accum=TIMING_RUN["grad_accum"])
+
+
+def gemm_flops(s: Scenario) -> float:
+    """The GEMM FLOP/s a (calibrated CPU) profile holds: fp32 peak x matmul efficiency."""
     gpu = s.cluster.gpu
-    return simulate(s).step_time_s, gpu.peak_flops("fp32") * gpu.matmul_efficiency
+    return gpu.peak_flops("fp32") * gpu.matmul_efficiency
+
+
+def at_gemm_rate(s: Scenario, flops: float) -> Scenario:
+    """`s` with its GEMMs at `flops` FLOP/s: every dense peak scaled by `flops` over the
+    profile's GEMM rate. Attention follows (its efficiency is a fraction of the GEMM peak,
+    sim.validate.calibrate.attention_efficiencies); memory-bound kernels (bandwidth), the
+    per-kernel overhead, the hooks and the collectives' curves do not."""
+    gpu = s.cluster.gpu
+    k = flops / gemm_flops(s)
+    faster = replace(gpu, fp32_flops=gpu.fp32_flops * k, bf16_flops=gpu.bf16_flops * k,
+                     fp16_flops=gpu.fp16_flops * k, fp8_flops=gpu.fp8_flops * k)
+    node = replace(s.cluster.node, gpu=faster)
+    return replace(s, cluster=replace(s.cluster, node=node))
 
 
 def predicted_vs_measured(profile: Path, world: int, strategies: tuple[str, ...] | None = None,
                           steps: int = TIMED_STEPS) -> list[dict[str, Any]]:
     """One row per strategy: measured median step (after the warm-up), predicted, the error,
-    and the drift-adjusted prediction and error (module docstring)."""
+    the drift-adjusted prediction (the profile's GEMMs at the rate measured around the run)
+    and its error, and the whole step scaled by that rate, as before 2026-12-07 (module
+    docstring)."""
     rows = []
     for strategy in strategies or default_strategies():
         measured, probe, slowest = measured_step(strategy, world, steps)
-        predicted, calibrated = predicted_step(profile, strategy, world)
-        adjusted = predicted * calibrated / probe
+        s = timing_scenario(profile, strategy, world)
+        predicted, calibrated = simulate(s).step_time_s, gemm_flops(s)
+        adjusted = simulate(at_gemm_rate(s, probe)).step_time_s
+        scaled = predicted * calibrated / probe
         rows.append({"strategy": strategy, "world": world, "measured_s": measured, "predicted_s": predicted,
                      "error": predicted / measured - 1, "speed": probe / calibrated, "adjusted_s": adjusted,
-                     "adjusted_error": adjusted / measured - 1, "steps_s": slowest})
+                     "adjusted_error": adjusted / measured - 1, "step_scaled_s": scaled,
+                     "step_scaled_error": scaled / measured - 1, "steps_s": slowest})
     return rows
 
 
@@ -131,14 +164,14 @@ def timing_rounds(rounds: int, worlds: tuple[int, ...], calibrate_into: Callable
     return rows
 
 
-PREDICTION = {"error": "predicted_s", "adjusted_error": "adjusted_s"}
+PREDICTION = {"error": "predicted_s", "adjusted_error": "adjusted_s", "step_scaled_error": "step_scaled_s"}
 
 
 def summarise(rows: list[dict[str, Any]], within: float = 0.10, key: str = "adjusted_error") -> list[dict[str, Any]]:
     """Per (strategy, world), in first-seen order: the median of `key` (the drift-adjusted
     error by default, or "error") over the rounds, the lowest and highest, the median raw
-    error, the median measured and predicted seconds, and whether the median is within
-    `within`."""
+    error and the median step-scaled one (NaN for rows without it), the median measured and
+    predicted seconds, and whether the median is within `within`."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["strategy"], row["world"]), []).append(row)
@@ -149,6 +182,7 @@ def summarise(rows: list[dict[str, Any]], within: float = 0.10, key: str = "adju
         out.append({"strategy": strategy, "world": world, "rounds": len(g), "median_error": median,
                     "min_error": min(errors), "max_error": max(errors),
                     "raw_error": statistics.median(x["error"] for x in g),
+                    "step_scaled_error": statistics.median(x.get("step_scaled_error", math.nan) for x in g),
                     "measured_s": statistics.median(x["measured_s"] for x in g),
                     "predicted_s": statistics.median(x[PREDICTION[key]] for x in g), "within": abs(median) <= within})
     return out

@@ -186,3 +186,26 @@ def test_the_measured_step_leaves_the_warm_up_out():
     assert steady_step([0.80, 0.60, *steady[:-1], 0.90]) == pytest.approx(0.51)   # the next value up
     with pytest.raises(ValueError, match="warm-up"):
         steady_step([0.8] * WARMUP_STEPS)
+
+
+def test_the_drift_adjustment_moves_the_gemms_and_not_the_collectives():
+    """A run's measured GEMM rate is applied to the profile's GEMMs (and attention) only: at
+    the profile's own rate the step is unchanged; at twice the rate a GEMM takes half the
+    time, a collective the same, so the step shrinks by less than half."""
+    from sim.analytic.kernel_time import kernel_time
+    from sim.analytic.kernels import KernelKind
+    from sim.engines.schedule import Compute
+    from sim.simulate import simulate
+    from sim.validate.timing import at_gemm_rate, gemm_flops, timing_scenario
+    s = timing_scenario("local-cpu", "fsdp2", 2)
+    base = simulate(s)
+    assert simulate(at_gemm_rate(s, gemm_flops(s))).step_time_s == pytest.approx(base.step_time_s, rel=1e-12)
+    fast = at_gemm_rate(s, 2 * gemm_flops(s))
+    assert gemm_flops(fast) == pytest.approx(2 * gemm_flops(s))
+    ops = [op for stream in base.schedule.classes[0].streams.values() for op in stream]
+    gemm = next(k for op in ops if isinstance(op, Compute) for k in op.kernels if k.kind is KernelKind.GEMM)
+    precision = s.training.precision.value
+    assert kernel_time(gemm, fast.cluster.gpu, precision) < 0.6 * kernel_time(gemm, s.cluster.gpu, precision)
+    assert fast.cluster.gpu.memory_bandwidth == s.cluster.gpu.memory_bandwidth
+    assert fast.cluster.calibration_curves == s.cluster.calibration_curves
+    assert base.step_time_s / 2 < simulate(fast).step_time_s < base.step_time_s
