@@ -52,6 +52,9 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from-priors", action="store_true", help="start the in-sample fit, like the folds, from the "
                    "priors the catalog's fitted keys keep in their comments ('prior V: source') instead of "
                    "their current values")
+    p.add_argument("--checkpoint", metavar="FILE.json", help="save each finished fit (in-sample, each fold) to this "
+                   "file, and take the fits it holds when it was written by a fit of the same code, rows and "
+                   "options: a long cross-validation can be stopped and resumed")
     p.add_argument("--json", action="store_true", help="print statistics, parameters and rows as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
@@ -88,13 +91,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
     csv_out = check_output_path(args.csv, "--csv", ("csv",)) if args.csv else None
     plot_out = check_output_path(args.plot, "--plot", image_suffixes()) if args.plot else None
     doc = check_output_path(args.doc, "--doc", ("md",)) if args.doc else None
+    checkpoint = check_output_path(args.checkpoint, "--checkpoint", ("json",)) if args.checkpoint else None
     hw_out = Path(args.write_hardware) if args.write_hardware else None
     if hw_out is not None and not hw_out.is_dir():
         raise InputError(CLI, "--write-hardware", f"{args.write_hardware!r} is not a folder; allowed: an existing folder")
     rows = _rows(args)
     progress = None if args.quiet else (lambda line: print(f"zerosim fit: {line}", file=sys.stderr, flush=True))
     result = fit(rows, folds=folds if folds > 1 else 0, jobs=jobs, only=params, iterations=iterations,
-                 progress=progress, from_priors=args.from_priors, knee=knee)
+                 progress=progress, from_priors=args.from_priors, knee=knee, checkpoint=checkpoint)
     df = report.table(rows, result)
     stats = report.summary(df)
     if csv_out:

@@ -43,6 +43,7 @@ from sim.engines.plan import check_work, layout_of, plan
 from sim.engines.schedule import Schedule
 from sim.inputs.catalog import catalog_dir
 from sim.inputs.scenario import Scenario
+from sim.studies.fit_checkpoint import Checkpoint, SavedFit, fingerprint
 from sim.studies.fit_params import Param, applied, chip, parameters, prior_values, start_values
 from sim.studies.gemm_table import GEMM_BOUND, TABLES, excess, measured
 from sim.studies.published import read_rows
@@ -286,25 +287,46 @@ def folds_of(rows: Sequence[FitRow], k: int) -> list[list[int]]:
 def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence[str] = (),
         iterations: int = MAX_ITERATIONS, progress: Callable[[str], None] | None = None,
         priors: Path | None = CATALOG_HARDWARE, from_priors: bool = False,
-        knee: float = F_SCALE) -> FitResult:
+        knee: float = F_SCALE, checkpoint: Path | None = None) -> FitResult:
     """Fit on all rows (in-sample) and, with `folds` > 1, on each k-1 folds (cross-validated),
     each with the soft-L1 loss's knee at `knee`.
     `priors` is a hardware folder whose fitted keys' comments keep their priors
     (sim.studies.fit_params.prior_values; by default the catalog's): the folds start from
     those priors (the catalog's value where a key has none), the in-sample fit from the
     catalog's values, or from the priors too with `from_priors`. `priors=None` starts every
-    fit from the catalog: its folds then start from values fitted on their held-out rows."""
+    fit from the catalog: its folds then start from values fitted on their held-out rows.
+    `checkpoint`: a file each finished fit is saved to, and taken from when it holds the
+    fits of this same code, rows and options (sim.studies.fit_checkpoint)."""
     params = parameters([r.scenario for r in rows], only)
     catalog_x = start_values(params, [r.scenario for r in rows])
     prior_x = catalog_x if priors is None else [
         x if v is None else min(p.high, max(p.low, v))
         for p, x, v in zip(params, catalog_x, prior_values(params, priors), strict=True)]
     x0 = prior_x if from_priors else catalog_x
+    store = None if checkpoint is None else Checkpoint.open(
+        checkpoint, fingerprint((rows, params, x0, prior_x, folds, iterations, knee)))
     with Evaluator(rows, params, jobs, progress) as ev:
         everything = [i for i in range(len(rows)) if _PLANS[i][0] is not None]   # the rest: not simulated
         if progress:
             progress(f"fitting {len(params)} parameters to {len(rows)} rows")
-        values, outcome = fit_rows(ev, everything, x0, iterations, knee)
+        saved = 0
+
+        def fitted(name: str, idx: list[int], start: list[float]) -> tuple[list[float], Outcome]:
+            nonlocal saved
+            done = store.get(name) if store else None
+            if done is not None:
+                saved += done.simulations
+                if progress:
+                    progress(f"{name}: taken from {checkpoint}")
+                return done.values, Outcome(done.converged, done.iterations, done.cost)
+            before = ev.simulations
+            values, outcome = fit_rows(ev, idx, start, iterations, knee)
+            if store:
+                store.save(name, SavedFit(values, outcome.converged, outcome.iterations, outcome.cost,
+                                          ev.simulations - before))
+            return values, outcome
+
+        values, outcome = fitted("in-sample", everything, x0)
         predicted = dict(zip((rows[i].id for i in everything), ev.predict(everything, values).tolist(), strict=True))
         result = FitResult(params, x0, values, predicted, fold_start=prior_x, folds_from_priors=priors is not None,
                            chosen={rows[i].id: ev.chosen(i, values) for i in everything if rows[i].alternatives},
@@ -315,10 +337,10 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
                 if progress:
                     progress(f"fold {f + 1} of {folds}: {len(test)} rows held out")
                 train = [i for i in everything if i not in test]
-                fold_x, outcome = fit_rows(ev, train, prior_x, iterations, knee)
+                fold_x, outcome = fitted(f"fold {f + 1}", train, prior_x)
                 result.fold_values.append(fold_x)
                 result.outcomes.append(outcome)
                 for i, t in zip(test, ev.predict(test, fold_x).tolist(), strict=True):
                     result.cross_validated[rows[i].id] = t
-        result.simulations = ev.simulations
+        result.simulations = ev.simulations + saved   # a resumed fit counts the saved fits' too
     return result
