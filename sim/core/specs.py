@@ -7,8 +7,9 @@ calibration changes a fraction without touching the peak it refers to.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
 
 class IntraNodeTopology(StrEnum):
@@ -149,6 +150,14 @@ class ClusterSpec:
     def nic_bandwidth_per_gpu(self) -> float:
         """bytes/s of achievable inter-node bandwidth one GPU gets when all GPUs send."""
         return self.inter_node.achievable_bandwidth * self.node.nics_per_node / self.node.gpus_per_node
+
+    def with_gpu(self, **fields: Any) -> ClusterSpec:
+        """This cluster with its GPU's `fields` replaced (a fit's trial values, a measured rate)."""
+        return replace(self, node=replace(self.node, gpu=replace(self.node.gpu, **fields)))
+
+    def with_host(self, **fields: Any) -> ClusterSpec:
+        """This cluster with its host's `fields` replaced."""
+        return replace(self, node=replace(self.node, host=replace(self.node.host, **fields)))
 
 
 DEFAULT_AIO_BLOCK = 1_048_576      # DeepSpeed's aio block_size (swap_tensor/constants.py)

@@ -43,7 +43,7 @@ from sim.engines.plan import check_work, layout_of, plan
 from sim.engines.schedule import Schedule
 from sim.inputs.catalog import catalog_dir
 from sim.inputs.scenario import Scenario
-from sim.studies.fit_checkpoint import Checkpoint, SavedFit, fingerprint
+from sim.studies.fit_checkpoint import Checkpoint, Outcome, SavedFit, fingerprint
 from sim.studies.fit_params import Param, applied, chip, parameters, prior_values, start_values
 from sim.studies.gemm_table import GEMM_BOUND, TABLES, excess, measured
 from sim.studies.published import read_rows
@@ -74,21 +74,6 @@ class FitRow:
     @property
     def variants(self) -> tuple[Scenario, ...]:
         return (self.scenario,) + tuple(a for a in self.alternatives if a is not self.scenario)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How one least-squares fit ended (scipy's `least_squares` result): `converged` when it
-    stopped on its tolerances (ftol / xtol / gtol), not on the iteration cap; `cost` is
-    the robust loss it reached (0.5 x sum of soft-L1 terms, the GEMM constraints included)."""
-
-    converged: bool
-    iterations: int
-    cost: float
-
-    def describe(self) -> str:
-        how = "converged" if self.converged else "stopped at the iteration cap"
-        return f"{how} after {self.iterations} evaluations, loss {self.cost:.4g}"
 
 
 @dataclass
@@ -318,12 +303,11 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
                 saved += done.simulations
                 if progress:
                     progress(f"{name}: taken from {checkpoint}")
-                return done.values, Outcome(done.converged, done.iterations, done.cost)
+                return done.values, done.outcome
             before = ev.simulations
             values, outcome = fit_rows(ev, idx, start, iterations, knee)
             if store:
-                store.save(name, SavedFit(values, outcome.converged, outcome.iterations, outcome.cost,
-                                          ev.simulations - before))
+                store.save(name, SavedFit(values, outcome, ev.simulations - before))
             return values, outcome
 
         values, outcome = fitted("in-sample", everything, x0)

@@ -4,7 +4,7 @@
 A cross-validated fit is 1 + k least-squares fits (in-sample, then each fold), each from
 minutes to half an hour of simulations on 2 cores at the default iterations and twice that
 when converged (`--iterations 16`). After each one ends, its fitted values, how it ended
-(sim.studies.fit.Outcome) and the simulations it took go into FILE (JSON, written whole to
+(`Outcome`) and the simulations it took go into FILE (JSON, written whole to
 a temporary file and then renamed over FILE, so a run killed mid-write leaves the previous
 FILE). A later run given the same FILE takes the fits it holds instead of fitting them
 again, and fits the rest. The fits are deterministic, so the result is the one an
@@ -23,14 +23,14 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sim.core.errors import InputError
 
 PACKAGE = Path(__file__).resolve().parent.parent      # the `sim` package
-FORMAT = "zerosim fit checkpoint 1"
+FORMAT = "zerosim fit checkpoint 2"
 
 
 def fingerprint(parts: Iterable[object]) -> str:
@@ -44,13 +44,35 @@ def fingerprint(parts: Iterable[object]) -> str:
     return digest.hexdigest()
 
 
-@dataclass
-class SavedFit:
-    values: list[float]
+@dataclass(frozen=True)
+class Outcome:
+    """How one least-squares fit ended (scipy's `least_squares` result): `converged` when it
+    stopped on its tolerances (ftol / xtol / gtol), not on the iteration cap; `cost` is
+    the robust loss it reached (0.5 x sum of soft-L1 terms, the GEMM constraints included)."""
+
     converged: bool
     iterations: int
     cost: float
+
+    def describe(self) -> str:
+        how = "converged" if self.converged else "stopped at the iteration cap"
+        return f"{how} after {self.iterations} evaluations, loss {self.cost:.4g}"
+
+
+@dataclass
+class SavedFit:
+    """One finished fit: its values, how it ended and the simulations it took."""
+
+    values: list[float]
+    outcome: Outcome
     simulations: int
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> SavedFit:
+        return SavedFit(list(data["values"]), Outcome(**data["outcome"]), int(data["simulations"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"values": self.values, "outcome": asdict(self.outcome), "simulations": self.simulations}
 
 
 @dataclass
@@ -70,7 +92,7 @@ class Checkpoint:
             data = json.loads(path.read_text())
             if data.get("format") != FORMAT:
                 raise ValueError(f"its format is {data.get('format')!r}, not {FORMAT!r}")
-            fits = {name: SavedFit(**fit) for name, fit in data["fits"].items()}
+            fits = {name: SavedFit.from_json(fit) for name, fit in data["fits"].items()}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             raise InputError(path, "checkpoint", f"not a checkpoint zerosim fit wrote ({error}); allowed: "
                                                  "a file an earlier `zerosim fit --checkpoint` wrote, or a new path")
@@ -88,7 +110,7 @@ class Checkpoint:
         """Add one finished fit and rewrite FILE whole (temporary file, then rename)."""
         self.fits[name] = fit
         data: dict[str, Any] = {"format": FORMAT, "fingerprint": self.key,
-                                "fits": {n: vars(f) for n, f in self.fits.items()}}
+                                "fits": {n: f.to_json() for n, f in self.fits.items()}}
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             tmp.write_text(json.dumps(data, indent=1) + "\n")

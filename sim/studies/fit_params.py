@@ -20,7 +20,6 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from sim.core.enums import AttentionImpl, Engine, OffloadDevice
 from sim.core.specs import ClusterSpec, GpuSpec
@@ -115,20 +114,12 @@ def steps_on_the_cpu(s: Scenario) -> bool:
                 or (s.fsdp is not None and s.fsdp.cpu_offload))
 
 
-def _gpu(c: ClusterSpec, **kw: Any) -> ClusterSpec:
-    return replace(c, node=replace(c.node, gpu=replace(c.node.gpu, **kw)))
-
-
-def _host(c: ClusterSpec, **kw: Any) -> ClusterSpec:
-    return replace(c, node=replace(c.node, host=replace(c.node.host, **kw)))
-
-
 def _attention(c: ClusterSpec, v: float) -> ClusterSpec:
     """Forward and backward attention move together: the backward keeps its ratio to the
     forward (FlashAttention-2 README: the backward runs at a fixed fraction of the forward)."""
     g = c.node.gpu
     ratio = g.attention_backward_efficiency / g.attention_efficiency if g.attention_efficiency else 1.0
-    return _gpu(c, attention_efficiency=v, attention_backward_efficiency=min(1.0, v * ratio))
+    return c.with_gpu(attention_efficiency=v, attention_backward_efficiency=min(1.0, v * ratio))
 
 
 GETTERS: dict[str, Callable[[ClusterSpec], float]] = {
@@ -146,18 +137,18 @@ GETTERS: dict[str, Callable[[ClusterSpec], float]] = {
     "host.zero3_rank_piece_us": lambda c: c.node.host.zero3_rank_piece / US,
 }
 SETTERS: dict[str, Callable[[ClusterSpec, float], ClusterSpec]] = {
-    "matmul_efficiency": lambda c, v: _gpu(c, matmul_efficiency=v),
+    "matmul_efficiency": lambda c, v: c.with_gpu(matmul_efficiency=v),
     "attention_efficiency": _attention,
-    "memory_bandwidth_efficiency": lambda c, v: _gpu(c, memory_bandwidth_efficiency=v),
-    "kernel_overhead_us": lambda c, v: _gpu(c, kernel_overhead=v * US),
-    "comm_interference": lambda c, v: _gpu(c, comm_interference=v),
+    "memory_bandwidth_efficiency": lambda c, v: c.with_gpu(memory_bandwidth_efficiency=v),
+    "kernel_overhead_us": lambda c, v: c.with_gpu(kernel_overhead=v * US),
+    "comm_interference": lambda c, v: c.with_gpu(comm_interference=v),
     "inter_node.fabric_halving_nodes": lambda c, v: replace(c, fabric_halving_nodes=v),
-    "host.cpu_adam_params_per_s": lambda c, v: _host(c, cpu_adam_params_per_s=v),
-    "host.fresh_pageable_d2h_GBps": lambda c, v: _host(c, fresh_pageable_d2h=v * GB),
-    "host.launch_us": lambda c, v: _host(c, launch=v * US),
-    "host.zero3_hook_us": lambda c, v: _host(c, zero3_hook=v * US),
-    "host.fsdp2_hook_us": lambda c, v: _host(c, fsdp2_hook=v * US),
-    "host.zero3_rank_piece_us": lambda c, v: _host(c, zero3_rank_piece=v * US),
+    "host.cpu_adam_params_per_s": lambda c, v: c.with_host(cpu_adam_params_per_s=v),
+    "host.fresh_pageable_d2h_GBps": lambda c, v: c.with_host(fresh_pageable_d2h=v * GB),
+    "host.launch_us": lambda c, v: c.with_host(launch=v * US),
+    "host.zero3_hook_us": lambda c, v: c.with_host(zero3_hook=v * US),
+    "host.fsdp2_hook_us": lambda c, v: c.with_host(fsdp2_hook=v * US),
+    "host.zero3_rank_piece_us": lambda c, v: c.with_host(zero3_rank_piece=v * US),
 }
 
 # Bounds: what a physical device or framework can do, with the source of each range.

@@ -80,7 +80,7 @@ def params_table(result: FitResult) -> list[dict[str, Any]]:
 
 
 def outcomes_table(result: FitResult) -> list[dict[str, Any]]:
-    """How each fit ended: the in-sample fit, then each fold's (sim.studies.fit.Outcome)."""
+    """How each fit ended: the in-sample fit, then each fold's (sim.studies.fit_checkpoint.Outcome)."""
     names = ["in-sample"] + [f"fold {f + 1}" for f in range(len(result.outcomes) - 1)]
     return [{"fit": name, "converged": o.converged, "iterations": o.iterations, "loss": o.cost}
             for name, o in zip(names, result.outcomes, strict=True)]

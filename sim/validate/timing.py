@@ -113,10 +113,9 @@ def at_gemm_rate(s: Scenario, flops: float) -> Scenario:
     per-kernel overhead, the hooks and the collectives' curves do not."""
     gpu = s.cluster.gpu
     k = flops / gemm_flops(s)
-    faster = replace(gpu, fp32_flops=gpu.fp32_flops * k, bf16_flops=gpu.bf16_flops * k,
-                     fp16_flops=gpu.fp16_flops * k, fp8_flops=gpu.fp8_flops * k)
-    node = replace(s.cluster.node, gpu=faster)
-    return replace(s, cluster=replace(s.cluster, node=node))
+    return replace(s, cluster=s.cluster.with_gpu(
+        fp32_flops=gpu.fp32_flops * k, bf16_flops=gpu.bf16_flops * k,
+        fp16_flops=gpu.fp16_flops * k, fp8_flops=gpu.fp8_flops * k))
 
 
 def predicted_vs_measured(profile: Path, world: int, strategies: tuple[str, ...] | None = None,
