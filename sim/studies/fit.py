@@ -36,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
-from scipy.sparse import lil_matrix
 
 from sim.des.engine import EventEngine, Mode
 from sim.engines.plan import check_work, layout_of, plan
@@ -44,6 +43,7 @@ from sim.engines.schedule import Schedule
 from sim.inputs.catalog import catalog_dir
 from sim.inputs.scenario import Scenario
 from sim.studies.fit_checkpoint import Checkpoint, Outcome, SavedFit, fingerprint
+from sim.studies.fit_jacobian import forward_differences
 from sim.studies.fit_params import Param, applied, chip, parameters, prior_values, start_values
 from sim.studies.gemm_table import GEMM_BOUND, TABLES, excess, measured
 from sim.studies.published import read_rows
@@ -51,6 +51,7 @@ from sim.studies.published import read_rows
 F_SCALE = 0.15        # soft-L1 knee on log error (about 15%)
 DIFF_STEP = 0.02      # forward-difference step, relative to each parameter's range
 CATALOG_HARDWARE = catalog_dir("hardware")   # its fitted keys' comments keep their priors
+SOLVERS = ("subspace", "exact")   # fit_rows
 MAX_ITERATIONS = 8    # trust-region iterations (each takes one sparse Jacobian); 4 left a two-parameter synthetic fit 19% off
 GEMM_WEIGHT = 50.0    # residual per unit of GEMM-table median |error| beyond the bound: one point costs
                       # as much as a row 65% off, so the table acts as a near-hard limit
@@ -88,6 +89,7 @@ class FitResult:
     simulations: int = 0
     outcomes: list[Outcome] = field(default_factory=list)   # in-sample first, then each fold's
     knee: float = F_SCALE                          # the soft-L1 loss's knee it was fitted with
+    solver: str = "subspace"                       # how each trust-region step was solved (fit_rows)
     fold_start: list[float] = field(default_factory=list)   # where each fold's fit started
     folds_from_priors: bool = False                # fold_start holds the priors the catalog keeps
 
@@ -168,8 +170,14 @@ class Evaluator:
         return self.rows[i].variants[self.variant.get(self._key(i, x), 0)]
 
     def predict(self, idx: Sequence[int], x: Sequence[float]) -> np.ndarray:
-        keys = [self._key(i, x) for i in idx]
-        todo = sorted({k for k in keys if k not in self.cache})
+        self.warm(idx, [x])
+        return np.array([self.cache[self._key(i, x)] for i in idx])
+
+    def warm(self, idx: Sequence[int], xs: Sequence[Sequence[float]]) -> None:
+        """Simulate, in one batch over the worker pool, every row of `idx` under each of
+        `xs` that is not cached yet (a Jacobian's perturbed points: no worker waits for the
+        slowest row of one small group)."""
+        todo = sorted({k for x in xs for k in (self._key(i, x) for i in idx) if k not in self.cache})
         jobs = [(i, tuple(self.params[j] for j in self.deps[i]), vals) for i, vals in todo]
         done = self._pool.map(_simulate, jobs, chunksize=1) if self._pool else [_simulate(j) for j in jobs]
         self.cache.update(zip(todo, (t for t, _ in done), strict=True))
@@ -177,7 +185,6 @@ class Evaluator:
         self.simulations += len(jobs)
         if self.progress and jobs:
             self.progress(f"{len(jobs)} simulations ({self.simulations} in all)")
-        return np.array([self.cache[k] for k in keys])
 
 
 def residuals(ev: Evaluator, idx: Sequence[int], x: Sequence[float]) -> np.ndarray:
@@ -225,11 +232,19 @@ def gemm_constraints(ev: Evaluator, idx: Sequence[int]) -> list[GemmConstraint]:
 
 
 def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations: int = MAX_ITERATIONS,
-             knee: float = F_SCALE) -> tuple[list[float], Outcome]:
+             knee: float = F_SCALE, solver: str = "subspace") -> tuple[list[float], Outcome]:
     """Bounded robust least squares on the rows `idx`, from `x0` (soft-L1 with its knee at
     `knee` of log error), with each measured GEMM table's constraint (GemmConstraint) as a
     residual; parameters that none of these rows depends on stay at `x0`. Returns the values
-    and how the fit ended (scipy status 0: the evaluation cap, `iterations` + 1)."""
+    and how the fit ended (scipy status 0: the evaluation cap, `iterations` + 1).
+
+    `solver` (SOLVERS): "subspace" hands scipy the Jacobian's sparsity, so it differences
+    the columns itself and solves each trust-region step by LSMR in a two-dimensional
+    subspace (every shipped fit so far); "exact" differences the same groups in one batch
+    and hands scipy a dense Jacobian, whose step it solves exactly by SVD
+    (sim.studies.fit_jacobian). From the priors on the 76 rows at 16 iterations, 2026-12-07:
+    "exact" converged after 12 evaluations at a loss of 0.235, "subspace" stopped at the cap
+    (17) at 0.298, in about the same 25 minutes."""
     free = [j for j in range(len(ev.params)) if any(j in ev.deps[i] for i in idx)]
     if not free:
         return list(x0), Outcome(True, 0, 0.0)
@@ -244,22 +259,28 @@ def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations:
         return x
 
     constraints = gemm_constraints(ev, idx)
-    sparsity = lil_matrix((len(idx) + len(constraints), len(free)), dtype=int)
-    for r, deps in enumerate([ev.deps[i] for i in idx] + [c.deps for c in constraints]):
-        for n, j in enumerate(free):
-            if j in deps:
-                sparsity[r, n] = 1
+    pattern = np.array([[1 if j in deps else 0 for j in free]
+                        for deps in [ev.deps[i] for i in idx] + [c.deps for c in constraints]])
 
     def all_residuals(x: list[float]) -> np.ndarray:
         extra = [GEMM_WEIGHT * c.excess(x) for c in constraints]
         return np.concatenate([residuals(ev, idx, x), np.array(extra)])
 
+    def residuals_at(points: Sequence[np.ndarray]) -> list[np.ndarray]:
+        ev.warm(idx, [full(u) for u in points])
+        return [all_residuals(full(u)) for u in points]
+
     u0 = np.clip((np.array([x0[j] for j in free]) - lo) / span, 0.0, 1.0)
-    # least_squares steps by diff_step x max(1, |u|): u lies in [0, 1], so the step is DIFF_STEP of the range
-    # one free parameter: dense (scipy's sparse solver takes a 2-D subspace and fails at n = 1)
+    # u lies in [0, 1], so each forward difference is DIFF_STEP of the parameter's range
+    def dense_jacobian(u: np.ndarray) -> np.ndarray:
+        return forward_differences(residuals_at, u, pattern, DIFF_STEP)
+
+    # "subspace" with one free parameter: dense (scipy's sparse solver fails at n = 1)
+    jac: Callable[[np.ndarray], np.ndarray] | str = dense_jacobian if solver == "exact" else "2-point"
+    sparsity = pattern if solver != "exact" and len(free) > 1 else None
     out = least_squares(lambda u: all_residuals(full(u)), u0, bounds=(0.0, 1.0), method="trf",
-                        loss="soft_l1", f_scale=knee, jac="2-point", jac_sparsity=sparsity if len(free) > 1 else None,
-                        diff_step=DIFF_STEP, x_scale="jac", max_nfev=iterations + 1, xtol=1e-3, ftol=1e-4)
+                        loss="soft_l1", f_scale=knee, jac=jac, jac_sparsity=sparsity, diff_step=DIFF_STEP,
+                        x_scale="jac", max_nfev=iterations + 1, xtol=1e-3, ftol=1e-4)
     return full(out.x), Outcome(bool(out.status > 0), int(out.nfev), float(out.cost))
 
 
@@ -272,7 +293,7 @@ def folds_of(rows: Sequence[FitRow], k: int) -> list[list[int]]:
 def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence[str] = (),
         iterations: int = MAX_ITERATIONS, progress: Callable[[str], None] | None = None,
         priors: Path | None = CATALOG_HARDWARE, from_priors: bool = False,
-        knee: float = F_SCALE, checkpoint: Path | None = None) -> FitResult:
+        knee: float = F_SCALE, checkpoint: Path | None = None, solver: str = "subspace") -> FitResult:
     """Fit on all rows (in-sample) and, with `folds` > 1, on each k-1 folds (cross-validated),
     each with the soft-L1 loss's knee at `knee`.
     `priors` is a hardware folder whose fitted keys' comments keep their priors
@@ -281,7 +302,8 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
     catalog's values, or from the priors too with `from_priors`. `priors=None` starts every
     fit from the catalog: its folds then start from values fitted on their held-out rows.
     `checkpoint`: a file each finished fit is saved to, and taken from when it holds the
-    fits of this same code, rows and options (sim.studies.fit_checkpoint)."""
+    fits of this same code, rows and options (sim.studies.fit_checkpoint). `solver`: how
+    each trust-region step is solved (`fit_rows`)."""
     params = parameters([r.scenario for r in rows], only)
     catalog_x = start_values(params, [r.scenario for r in rows])
     prior_x = catalog_x if priors is None else [
@@ -289,7 +311,7 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
         for p, x, v in zip(params, catalog_x, prior_values(params, priors), strict=True)]
     x0 = prior_x if from_priors else catalog_x
     store = None if checkpoint is None else Checkpoint.open(
-        checkpoint, fingerprint((rows, params, x0, prior_x, folds, iterations, knee)))
+        checkpoint, fingerprint((rows, params, x0, prior_x, folds, iterations, knee, solver)))
     with Evaluator(rows, params, jobs, progress) as ev:
         everything = [i for i in range(len(rows)) if _PLANS[i][0] is not None]   # the rest: not simulated
         if progress:
@@ -305,7 +327,7 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
                     progress(f"{name}: taken from {checkpoint}")
                 return done.values, done.outcome
             before = ev.simulations
-            values, outcome = fit_rows(ev, idx, start, iterations, knee)
+            values, outcome = fit_rows(ev, idx, start, iterations, knee, solver)
             if store:
                 store.save(name, SavedFit(values, outcome, ev.simulations - before))
             return values, outcome
@@ -314,7 +336,7 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
         predicted = dict(zip((rows[i].id for i in everything), ev.predict(everything, values).tolist(), strict=True))
         result = FitResult(params, x0, values, predicted, fold_start=prior_x, folds_from_priors=priors is not None,
                            chosen={rows[i].id: ev.chosen(i, values) for i in everything if rows[i].alternatives},
-                           outcomes=[outcome], knee=knee)
+                           outcomes=[outcome], knee=knee, solver=solver)
         if folds > 1:
             for f, fold in enumerate(folds_of(rows, folds)):
                 test = [i for i in fold if i in everything]

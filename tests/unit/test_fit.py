@@ -234,3 +234,27 @@ def test_a_measured_gemm_table_holds_the_h100_file_where_its_gemms_run(monkeypat
     free = fit(made, folds=0, jobs=1, only=("matmul_efficiency", "memory_bandwidth_efficiency"))
     loose = dict(zip((p.key for p in free.params), free.values, strict=True))
     assert loose["matmul_efficiency"] == pytest.approx(0.58, abs=0.02)
+
+
+def test_a_fit_without_folds_reports_no_cross_validated_figures():
+    """`--folds 1`: the block's CV cells stay empty (no 'nan%'), and it says where the fit
+    started."""
+    result = fit(rows_made_with(TRUTH), folds=0, jobs=1, only=("matmul_efficiency",))
+    rows = rows_made_with(TRUTH)
+    text = report.markdown(report.table(rows, result), result, ["made.csv"])
+    assert "nan" not in text
+    assert "| all | 6 | " in text and "|  |  |  |" in text
+    assert "No folds: the fit started from" in text
+
+
+def test_the_exact_solver_recovers_the_parameters_too_and_the_block_says_which_ran():
+    rows = rows_made_with(TRUTH)
+    keys = ("matmul_efficiency", "host.zero3_hook_us")
+    exact = fit(rows, folds=0, jobs=1, only=keys, solver="exact")
+    got = dict(zip((p.name for p in exact.params), exact.values, strict=True))
+    assert got["A100.matmul_efficiency"] == pytest.approx(0.65, rel=0.03)
+    assert got["host.zero3_hook_us"] == pytest.approx(900.0, rel=0.15)
+    assert exact.outcomes[0].converged
+    assert "exact trust-region steps" in report.markdown(report.table(rows, exact), exact, ["made.csv"])
+    subspace = fit(rows, folds=0, jobs=1, only=keys)
+    assert "exact trust-region steps" not in report.markdown(report.table(rows, subspace), subspace, ["made.csv"])

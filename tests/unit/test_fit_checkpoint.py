@@ -67,6 +67,8 @@ def test_a_checkpoint_of_other_options_or_not_a_checkpoint_is_refused(tmp_path):
     assert str(path) in str(error.value) and "fingerprint" in str(error.value) and "--iterations" in str(error.value)
     with pytest.raises(InputError, match="fingerprint"):       # another row set
         fit(rows[:-1], folds=0, jobs=1, only=KEYS, iterations=1, checkpoint=path)
+    with pytest.raises(InputError, match="fingerprint"):       # another solver
+        fit(rows, folds=0, jobs=1, only=KEYS, iterations=1, checkpoint=path, solver="exact")
     path.write_text("{}")
     with pytest.raises(InputError) as error:
         fit(rows, folds=0, jobs=1, only=KEYS, iterations=1, checkpoint=path)
