@@ -49,7 +49,7 @@ from sim.studies.gemm_table import GEMM_BOUND, TABLES, excess, measured
 from sim.studies.published import read_rows
 
 F_SCALE = 0.15        # soft-L1 knee on log error (about 15%)
-DIFF_STEP = 0.02      # forward-difference step, relative to each parameter's range
+DIFF_STEP = 0.02      # forward-difference step on the [0, 1]-scaled parameters (fit_rows: how each solver takes it)
 CATALOG_HARDWARE = catalog_dir("hardware")   # its fitted keys' comments keep their priors
 SOLVERS = ("subspace", "exact")   # fit_rows
 MAX_ITERATIONS = 8    # trust-region iterations (each takes one sparse Jacobian); 4 left a two-parameter synthetic fit 19% off
@@ -240,11 +240,16 @@ def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations:
 
     `solver` (SOLVERS): "subspace" hands scipy the Jacobian's sparsity, so it differences
     the columns itself and solves each trust-region step by LSMR in a two-dimensional
-    subspace (every shipped fit so far); "exact" differences the same groups in one batch
-    and hands scipy a dense Jacobian, whose step it solves exactly by SVD
-    (sim.studies.fit_jacobian). From the priors on the 76 rows at 16 iterations, 2026-12-07:
-    "exact" converged after 12 evaluations at a loss of 0.235, "subspace" stopped at the cap
-    (17) at 0.298, in about the same 25 minutes."""
+    subspace (every shipped fit so far). scipy takes a given `diff_step` relative to the
+    value (scipy.optimize._numdiff._compute_absolute_step: DIFF_STEP x |u|, no max(1, |u|)),
+    so its difference is 0.02 x u of a parameter's range: 1% of the range at mid-range,
+    almost nothing at a floor. "exact" differences groups of the same kind in one batch
+    with a step of DIFF_STEP of the range whatever u (backwards at the ceiling) and hands
+    scipy a dense Jacobian, whose step it solves exactly by SVD (sim.studies.fit_jacobian).
+    From the priors on the 76 rows at 16 iterations, 2026-12-07: "exact" converged after 12
+    evaluations at a loss of 0.235, "subspace" stopped at the cap (17) at 0.298, in about
+    the same 25 minutes; the two differ in the difference step as well as in the step
+    solver, and which of the two made the difference was not measured."""
     free = [j for j in range(len(ev.params)) if any(j in ev.deps[i] for i in idx)]
     if not free:
         return list(x0), Outcome(True, 0, 0.0)
@@ -271,7 +276,7 @@ def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations:
         return [all_residuals(full(u)) for u in points]
 
     u0 = np.clip((np.array([x0[j] for j in free]) - lo) / span, 0.0, 1.0)
-    # u lies in [0, 1], so each forward difference is DIFF_STEP of the parameter's range
+    # u lies in [0, 1]: "exact" differences by DIFF_STEP of the range, scipy by DIFF_STEP x u (docstring)
     def dense_jacobian(u: np.ndarray) -> np.ndarray:
         return forward_differences(residuals_at, u, pattern, DIFF_STEP)
 

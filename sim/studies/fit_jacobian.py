@@ -4,9 +4,12 @@ Each residual of `zerosim fit` (a row's log error, a GEMM table's excess) depend
 parameters only: a row on its GPU chip's, its cluster's and the host's. Columns whose
 residuals do not overlap can be perturbed together and read apart (Curtis, Powell and
 Reid 1974, "On the estimation of sparse Jacobian matrices"), so a group costs the
-simulations of the rows it moves, as scipy's `jac_sparsity` does. Two differences from
-handing scipy the pattern:
+simulations of the rows it moves, as scipy's `jac_sparsity` does (scipy groups in a seeded
+random column order, this module greedily in column order: the groups can differ, the
+matrix not). Three differences from handing scipy the pattern:
 
+- the step is a fixed share of each scaled parameter's range, where scipy takes a given
+  relative step times the value, which near a floor is almost no step at all;
 - every group's perturbed point is simulated in one batch (`Evaluator.warm`), so the
   worker pool stays full instead of waiting on the slowest row of each small group;
 - the matrix goes back dense, so scipy's trust-region reflective solver takes its exact
