@@ -57,7 +57,7 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
                    "options: a long cross-validation can be stopped and resumed")
     p.add_argument("--solver", default="subspace", choices=SOLVERS, help="how each trust-region step is solved: subspace "
                    "(scipy's sparse LSMR in a 2-D subspace, every shipped fit so far) or exact (a dense Jacobian "
-                   "differenced in one batch, SVD steps: converges in fewer evaluations)")
+                   "differenced in one batch, SVD steps; docs/fidelity.md compares the two)")
     p.add_argument("--json", action="store_true", help="print statistics, parameters and rows as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 

@@ -248,8 +248,10 @@ def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations:
     scipy a dense Jacobian, whose step it solves exactly by SVD (sim.studies.fit_jacobian).
     From the priors on the 76 rows at 16 iterations, 2026-12-07: "exact" converged after 12
     evaluations at a loss of 0.235, "subspace" stopped at the cap (17) at 0.298, in about
-    the same 25 minutes; the two differ in the difference step as well as in the step
-    solver, and which of the two made the difference was not measured."""
+    the same 25 minutes; but on fold 1 of a cross-validation (61 rows) "exact" stopped at
+    the cap at 0.227 where "subspace" reached 0.190. The two differ in the difference step
+    as well as in the step solver, and which of the two made either difference was not
+    measured."""
     free = [j for j in range(len(ev.params)) if any(j in ev.deps[i] for i in idx)]
     if not free:
         return list(x0), Outcome(True, 0, 0.0)
