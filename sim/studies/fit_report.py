@@ -120,7 +120,7 @@ def _cell(x: float, signed: bool = False) -> str:
     """A share as a table cell; empty where there is none (no folds: no CV figures)."""
     if math.isnan(x):
         return ""
-    return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
+    return f"{_pct(x)}%" if signed else f"{100 * x:.1f}%"
 
 
 def markdown(df: pd.DataFrame, result: FitResult, csvs: Sequence[str]) -> str:
