@@ -28,7 +28,7 @@ from sim.cli_checks import (
 from sim.core.errors import InputError
 from sim.inputs.catalog import catalog_dir
 from sim.studies import fit_report as report
-from sim.studies.fit import F_SCALE, MAX_ITERATIONS, SOLVERS, FitRow, fit, usable_rows
+from sim.studies.fit import F_SCALE, MAX_ITERATIONS, SCALES, SOLVERS, FitRow, fit, usable_rows
 from sim.studies.fit_params import CLUSTER_BOUNDS, GPU_BOUNDS, HOST_BOUNDS, write_files
 
 KEYS = (*GPU_BOUNDS, *CLUSTER_BOUNDS, *HOST_BOUNDS)
@@ -58,6 +58,9 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--solver", default="subspace", choices=SOLVERS, help="how each trust-region step is solved: subspace "
                    "(scipy's sparse LSMR in a 2-D subspace, every shipped fit so far) or exact (a dense Jacobian "
                    "differenced in one batch, SVD steps; docs/fidelity.md compares the two)")
+    p.add_argument("--scale", default="linear", choices=SCALES, help="how each parameter's range maps onto the "
+                   "solver's [0, 1]: linear (every shipped fit so far) or log for ranges of a decade or more "
+                   "(hook and launch costs, fabric halving distances, CPU rates)")
     p.add_argument("--json", action="store_true", help="print statistics, parameters and rows as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
@@ -102,7 +105,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     progress = None if args.quiet else (lambda line: print(f"zerosim fit: {line}", file=sys.stderr, flush=True))
     result = fit(rows, folds=folds if folds > 1 else 0, jobs=jobs, only=params, iterations=iterations,
                  progress=progress, from_priors=args.from_priors, knee=knee, checkpoint=checkpoint,
-                 solver=args.solver)
+                 solver=args.solver, scale=args.scale)
     df = report.table(rows, result)
     stats = report.summary(df)
     if csv_out:

@@ -44,7 +44,17 @@ from sim.inputs.catalog import catalog_dir
 from sim.inputs.scenario import Scenario
 from sim.studies.fit_checkpoint import Checkpoint, Outcome, SavedFit, fingerprint
 from sim.studies.fit_jacobian import forward_differences
-from sim.studies.fit_params import Param, applied, chip, parameters, prior_values, start_values
+from sim.studies.fit_params import (
+    Param,
+    applied,
+    chip,
+    from_unit,
+    parameters,
+    prior_values,
+    spans_decades,
+    start_values,
+    to_unit,
+)
 from sim.studies.gemm_table import GEMM_BOUND, TABLES, excess, measured
 from sim.studies.published import read_rows
 
@@ -52,6 +62,7 @@ F_SCALE = 0.15        # soft-L1 knee on log error (about 15%)
 DIFF_STEP = 0.02      # forward-difference step on the [0, 1]-scaled parameters (fit_rows: how each solver takes it)
 CATALOG_HARDWARE = catalog_dir("hardware")   # its fitted keys' comments keep their priors
 SOLVERS = ("subspace", "exact")   # fit_rows
+SCALES = ("linear", "log")        # fit_rows: how a parameter's range maps onto the solver's [0, 1]
 MAX_ITERATIONS = 8    # trust-region iterations (each takes one sparse Jacobian); 4 left a two-parameter synthetic fit 19% off
 GEMM_WEIGHT = 50.0    # residual per unit of GEMM-table median |error| beyond the bound: one point costs
                       # as much as a row 65% off, so the table acts as a near-hard limit
@@ -90,6 +101,7 @@ class FitResult:
     outcomes: list[Outcome] = field(default_factory=list)   # in-sample first, then each fold's
     knee: float = F_SCALE                          # the soft-L1 loss's knee it was fitted with
     solver: str = "subspace"                       # how each trust-region step was solved (fit_rows)
+    scale: str = "linear"                          # how each parameter's range met the solver (fit_rows)
     fold_start: list[float] = field(default_factory=list)   # where each fold's fit started
     folds_from_priors: bool = False                # fold_start holds the priors the catalog keeps
 
@@ -232,7 +244,7 @@ def gemm_constraints(ev: Evaluator, idx: Sequence[int]) -> list[GemmConstraint]:
 
 
 def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations: int = MAX_ITERATIONS,
-             knee: float = F_SCALE, solver: str = "subspace") -> tuple[list[float], Outcome]:
+             knee: float = F_SCALE, solver: str = "subspace", scale: str = "linear") -> tuple[list[float], Outcome]:
     """Bounded robust least squares on the rows `idx`, from `x0` (soft-L1 with its knee at
     `knee` of log error), with each measured GEMM table's constraint (GemmConstraint) as a
     residual; parameters that none of these rows depends on stay at `x0`. Returns the values
@@ -251,18 +263,26 @@ def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations:
     the same 25 minutes; but on fold 1 of a cross-validation (61 rows) "exact" stopped at
     the cap at 0.227 where "subspace" reached 0.190. The two differ in the difference step
     as well as in the step solver, and which of the two made either difference was not
-    measured."""
+    measured.
+
+    `scale` (SCALES): the solver works on each parameter mapped onto [0, 1] between its
+    bounds, "linear"ly (every shipped fit so far) or, with "log", by log(x / low) /
+    log(high / low) for a range of a decade or more (`spans_decades`: launch and hook costs,
+    a fabric's halving distance, CPU-Adam and fresh-page copy rates, kernel gaps). A
+    row's residual is a log step time and these costs and rates move it by ratios: on a
+    linear scale a hook cost of 20-2,000 us puts 20 and 200 us a tenth of the range apart
+    and a trust region sized for one end is far too small or far too large at the other;
+    on a log scale each decade is the same distance."""
     free = [j for j in range(len(ev.params)) if any(j in ev.deps[i] for i in idx)]
     if not free:
         return list(x0), Outcome(True, 0, 0.0)
-    lo = np.array([ev.params[j].low for j in free])
-    hi = np.array([ev.params[j].high for j in free])
-    span = hi - lo
+    params = [ev.params[j] for j in free]
+    logs = [scale == "log" and spans_decades(p) for p in params]
 
     def full(u: np.ndarray) -> list[float]:      # u: free parameters scaled to [0, 1]
         x = list(x0)
         for n, j in enumerate(free):
-            x[j] = float(lo[n] + u[n] * span[n])
+            x[j] = float(from_unit(params[n], float(u[n]), logs[n]))
         return x
 
     constraints = gemm_constraints(ev, idx)
@@ -277,7 +297,7 @@ def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations:
         ev.warm(idx, [full(u) for u in points])
         return [all_residuals(full(u)) for u in points]
 
-    u0 = np.clip((np.array([x0[j] for j in free]) - lo) / span, 0.0, 1.0)
+    u0 = np.clip([to_unit(p, x0[j], log) for p, j, log in zip(params, free, logs, strict=True)], 0.0, 1.0)
     # u lies in [0, 1]: "exact" differences by DIFF_STEP of the range, scipy by DIFF_STEP x u (docstring)
     def dense_jacobian(u: np.ndarray) -> np.ndarray:
         return forward_differences(residuals_at, u, pattern, DIFF_STEP)
@@ -300,7 +320,8 @@ def folds_of(rows: Sequence[FitRow], k: int) -> list[list[int]]:
 def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence[str] = (),
         iterations: int = MAX_ITERATIONS, progress: Callable[[str], None] | None = None,
         priors: Path | None = CATALOG_HARDWARE, from_priors: bool = False,
-        knee: float = F_SCALE, checkpoint: Path | None = None, solver: str = "subspace") -> FitResult:
+        knee: float = F_SCALE, checkpoint: Path | None = None, solver: str = "subspace",
+        scale: str = "linear") -> FitResult:
     """Fit on all rows (in-sample) and, with `folds` > 1, on each k-1 folds (cross-validated),
     each with the soft-L1 loss's knee at `knee`.
     `priors` is a hardware folder whose fitted keys' comments keep their priors
@@ -310,7 +331,8 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
     fit from the catalog: its folds then start from values fitted on their held-out rows.
     `checkpoint`: a file each finished fit is saved to, and taken from when it holds the
     fits of this same code, rows and options (sim.studies.fit_checkpoint). `solver`: how
-    each trust-region step is solved (`fit_rows`)."""
+    each trust-region step is solved, `scale`: how each range maps onto the solver's
+    (`fit_rows`)."""
     params = parameters([r.scenario for r in rows], only)
     catalog_x = start_values(params, [r.scenario for r in rows])
     prior_x = catalog_x if priors is None else [
@@ -318,7 +340,8 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
         for p, x, v in zip(params, catalog_x, prior_values(params, priors), strict=True)]
     x0 = prior_x if from_priors else catalog_x
     store = None if checkpoint is None else Checkpoint.open(
-        checkpoint, fingerprint((rows, params, x0, prior_x, folds, iterations, knee, solver)))
+        checkpoint, fingerprint((rows, params, x0, prior_x, folds, iterations, knee, solver)
+                                 + ((scale,) if scale != "linear" else ())))
     with Evaluator(rows, params, jobs, progress) as ev:
         everything = [i for i in range(len(rows)) if _PLANS[i][0] is not None]   # the rest: not simulated
         if progress:
@@ -334,7 +357,7 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
                     progress(f"{name}: taken from {checkpoint}")
                 return done.values, done.outcome
             before = ev.simulations
-            values, outcome = fit_rows(ev, idx, start, iterations, knee, solver)
+            values, outcome = fit_rows(ev, idx, start, iterations, knee, solver, scale)
             if store:
                 store.save(name, SavedFit(values, outcome, ev.simulations - before))
             return values, outcome
@@ -343,7 +366,7 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
         predicted = dict(zip((rows[i].id for i in everything), ev.predict(everything, values).tolist(), strict=True))
         result = FitResult(params, x0, values, predicted, fold_start=prior_x, folds_from_priors=priors is not None,
                            chosen={rows[i].id: ev.chosen(i, values) for i in everything if rows[i].alternatives},
-                           outcomes=[outcome], knee=knee, solver=solver)
+                           outcomes=[outcome], knee=knee, solver=solver, scale=scale)
         if folds > 1:
             for f, fold in enumerate(folds_of(rows, folds)):
                 test = [i for i in fold if i in everything]

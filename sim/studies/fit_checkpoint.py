@@ -13,7 +13,7 @@ uninterrupted run gives.
 Only a checkpoint of the same work is taken: FILE holds a fingerprint (SHA-256) of the
 simulator's code (every .py file of the `sim` package), the rows (ids, measured step
 times, scenarios with their hardware values) and the fit's options (parameters with their
-bounds, start values, folds, iterations, loss knee, solver). Another fingerprint is refused, since
+bounds, start values, folds, iterations, loss knee, solver, scale). Another fingerprint is refused, since
 a cross-validation resumed on other code or rows would mix two models in one report.
 """
 
@@ -99,7 +99,7 @@ class Checkpoint:
         if data.get("fingerprint") != key:
             raise InputError(path, "fingerprint", "written by a fit of other code, rows or options, so its fits "
                                                   "cannot be reused; allowed: the checkpoint of this same fit "
-                                                  "(same code, CSVs, --params, --only, --folds, --iterations, --solver, "
+                                                  "(same code, CSVs, --params, --only, --folds, --iterations, --solver, --scale, "
                                                   "--loss-knee, --from-priors), or a new path")
         return Checkpoint(path, key, fits)
 

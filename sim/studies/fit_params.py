@@ -247,9 +247,28 @@ def _place_in_range(p: Param, v: float) -> float:
     """Where v lies between p's bounds, 0 at the floor and 1 at the ceiling; on a log scale
     for a range of a decade or more (a fabric's halving distance of 57 nodes is not 'near'
     a floor of 2 in a range up to 2,000)."""
-    if p.low > 0 and p.high / p.low >= 10:
+    return to_unit(p, v, spans_decades(p))
+
+
+def spans_decades(p: Param) -> bool:
+    """Whether p's bounds span a decade or more (a hook cost of 20-2,000 us, a CPU-Adam rate
+    of 1-10 G/s): a range better measured in ratios than in differences."""
+    return p.low > 0 and p.high / p.low >= 10
+
+
+def to_unit(p: Param, v: float, log: bool) -> float:
+    """v mapped onto [0, 1] between p's bounds (outside them beyond 0 or 1), linearly or,
+    with `log`, by log(v / low) / log(high / low)."""
+    if log:
         return math.log(max(v, 1e-300) / p.low) / math.log(p.high / p.low)
     return (v - p.low) / (p.high - p.low)
+
+
+def from_unit(p: Param, u: float, log: bool) -> float:
+    """The inverse of `to_unit`."""
+    if log:
+        return p.low * (p.high / p.low) ** u
+    return p.low + u * (p.high - p.low)
 
 
 def applied(s: Scenario, params: Sequence[Param], values: Sequence[float]) -> Scenario:

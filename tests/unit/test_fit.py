@@ -17,7 +17,7 @@ from sim.simulate import simulate
 from sim.studies import fit as fit_module
 from sim.studies import fit_report as report
 from sim.studies.fit import Evaluator, FitRow, fit, folds_of
-from sim.studies.fit_params import applied, chip, parameters, rewrite_toml
+from sim.studies.fit_params import applied, chip, from_unit, parameters, rewrite_toml, spans_decades, to_unit
 from sim.studies.gemm_table import GEMM_BOUND, measured, median_errors
 from tests.crosscheck.scenarios import tiny
 
@@ -258,3 +258,22 @@ def test_the_exact_solver_recovers_the_parameters_too_and_the_block_says_which_r
     assert "exact trust-region steps" in report.markdown(report.table(rows, exact), exact, ["made.csv"])
     subspace = fit(rows, folds=0, jobs=1, only=keys)
     assert "exact trust-region steps" not in report.markdown(report.table(rows, subspace), subspace, ["made.csv"])
+
+
+def test_log_scaled_ranges_recover_the_parameters_and_the_block_says_so():
+    rows = rows_made_with(TRUTH)
+    keys = ("matmul_efficiency", "host.zero3_hook_us")
+    logged = fit(rows, folds=0, jobs=1, only=keys, scale="log")
+    got = dict(zip((p.name for p in logged.params), logged.values, strict=True))
+    assert got["A100.matmul_efficiency"] == pytest.approx(0.65, rel=0.03)
+    assert got["host.zero3_hook_us"] == pytest.approx(900.0, rel=0.15)
+    assert "log scale" in report.markdown(report.table(rows, logged), logged, ["made.csv"])
+
+
+def test_a_range_of_decades_maps_onto_the_unit_interval_by_ratios():
+    hook = next(p for p in parameters([tiny("ds-zero3")]) if p.key == "host.zero3_hook_us")
+    assert spans_decades(hook)
+    assert to_unit(hook, 200.0, log=True) == pytest.approx(0.5)          # 20-2,000 us: 200 is halfway
+    assert to_unit(hook, 200.0, log=False) == pytest.approx(180 / 1980)
+    for u in (0.0, 0.3, 1.0):
+        assert to_unit(hook, from_unit(hook, u, log=True), log=True) == pytest.approx(u)

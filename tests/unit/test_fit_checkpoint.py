@@ -69,6 +69,8 @@ def test_a_checkpoint_of_other_options_or_not_a_checkpoint_is_refused(tmp_path):
         fit(rows[:-1], folds=0, jobs=1, only=KEYS, iterations=1, checkpoint=path)
     with pytest.raises(InputError, match="fingerprint"):       # another solver
         fit(rows, folds=0, jobs=1, only=KEYS, iterations=1, checkpoint=path, solver="exact")
+    with pytest.raises(InputError, match="fingerprint"):       # another scale
+        fit(rows, folds=0, jobs=1, only=KEYS, iterations=1, checkpoint=path, scale="log")
     path.write_text("{}")
     with pytest.raises(InputError) as error:
         fit(rows, folds=0, jobs=1, only=KEYS, iterations=1, checkpoint=path)
