@@ -61,6 +61,9 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", default="linear", choices=SCALES, help="how each parameter's range maps onto the "
                    "solver's [0, 1]: linear (every shipped fit so far) or log for ranges of a decade or more "
                    "(hook and launch costs, fabric halving distances, CPU rates)")
+    p.add_argument("--ideal-start", action="store_true", help="run every fit a second time from the ideal machine "
+                   "(host-software costs at their floors, fabrics and host CPUs at their ceilings) and keep the "
+                   "start that ends at the lower loss on the fit's own rows (twice the time)")
     p.add_argument("--json", action="store_true", help="print statistics, parameters and rows as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
@@ -105,7 +108,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     progress = None if args.quiet else (lambda line: print(f"zerosim fit: {line}", file=sys.stderr, flush=True))
     result = fit(rows, folds=folds if folds > 1 else 0, jobs=jobs, only=params, iterations=iterations,
                  progress=progress, from_priors=args.from_priors, knee=knee, checkpoint=checkpoint,
-                 solver=args.solver, scale=args.scale)
+                 solver=args.solver, scale=args.scale, ideal=args.ideal_start)
     df = report.table(rows, result)
     stats = report.summary(df)
     if csv_out:

@@ -48,15 +48,19 @@ def fingerprint(parts: Iterable[object]) -> str:
 class Outcome:
     """How one least-squares fit ended (scipy's `least_squares` result): `converged` when it
     stopped on its tolerances (ftol / xtol / gtol), not on the iteration cap; `cost` is
-    the robust loss it reached (0.5 x sum of soft-L1 terms, the GEMM constraints included)."""
+    the robust loss it reached (0.5 x sum of soft-L1 terms, the GEMM constraints included);
+    `start` names where the kept fit started when it was not the fit's own start (`zerosim
+    fit --ideal-start`: "ideal")."""
 
     converged: bool
     iterations: int
     cost: float
+    start: str = ""
 
     def describe(self) -> str:
         how = "converged" if self.converged else "stopped at the iteration cap"
-        return f"{how} after {self.iterations} evaluations, loss {self.cost:.4g}"
+        where = f" from the {self.start} start" if self.start else ""
+        return f"{how} after {self.iterations} evaluations{where}, loss {self.cost:.4g}"
 
 
 @dataclass

@@ -243,6 +243,21 @@ def bound_notes(s: Scenario) -> list[str]:
             "(docs/fidelity.md, \"What it still misses\"): " + "; ".join(leaning)]
 
 
+# The ideal machine (`ideal_start`): host software that costs the least its bounds allow, and
+# networks and host CPUs as fast as theirs allow.
+IDEAL_AT_FLOOR = ("host.launch_us", "host.zero3_hook_us", "host.fsdp2_hook_us", "host.zero3_rank_piece_us")
+IDEAL_AT_CEILING = ("inter_node.fabric_halving_nodes", "host.cpu_adam_params_per_s", "host.fresh_pageable_d2h_GBps")
+
+
+def ideal_start(params: Sequence[Param], x: Sequence[float]) -> list[float]:
+    """`x` with the host-software costs at their floors and the fabric and host-CPU rates at
+    their ceilings (the machine the simulator assumed before it modelled host and network
+    overheads); GPU kernel parameters keep their values. A second start for a fit that
+    depends on no measurement: `zerosim fit --ideal-start`."""
+    return [p.low if p.key in IDEAL_AT_FLOOR else p.high if p.key in IDEAL_AT_CEILING else v
+            for p, v in zip(params, x, strict=True)]
+
+
 def _place_in_range(p: Param, v: float) -> float:
     """Where v lies between p's bounds, 0 at the floor and 1 at the ceiling; on a log scale
     for a range of a decade or more (a fabric's halving distance of 57 nodes is not 'near'

@@ -82,7 +82,7 @@ def params_table(result: FitResult) -> list[dict[str, Any]]:
 def outcomes_table(result: FitResult) -> list[dict[str, Any]]:
     """How each fit ended: the in-sample fit, then each fold's (sim.studies.fit_checkpoint.Outcome)."""
     names = ["in-sample"] + [f"fold {f + 1}" for f in range(len(result.outcomes) - 1)]
-    return [{"fit": name, "converged": o.converged, "iterations": o.iterations, "loss": o.cost}
+    return [{"fit": name, "converged": o.converged, "iterations": o.iterations, "loss": o.cost, "start": o.start}
             for name, o in zip(names, result.outcomes, strict=True)]
 
 
@@ -94,13 +94,23 @@ def outcomes_line(result: FitResult) -> str:
     if not rows:
         return ""
     parts = [f"{r['fit']} {'converged' if r['converged'] else 'stopped at the iteration cap'} "
-             f"({r['iterations']} steps, loss {r['loss']:.4g})" for r in rows]
+             f"({r['iterations']} steps{', from the ' + r['start'] + ' start' if r['start'] else ''}, "
+             f"loss {r['loss']:.4g})" for r in rows]
     return " ".join(filter(None, ["Fits: " + "; ".join(parts) + ".", starts_line(result)]))
 
 
 def starts_line(result: FitResult) -> str:
     """Where the fits started: the folds from the priors (values no row was fitted to), the
-    in-sample fit from the catalog's values or from the priors too."""
+    in-sample fit from the catalog's values or from the priors too; and, with the ideal
+    start, that each fit kept the lower loss of two starts."""
+    line = _first_starts(result)
+    if result.ideal:
+        line += (" Each fit also ran from the ideal start (host-software costs at their floors, fabrics and "
+                 "host CPUs at their ceilings) and kept whichever ended at the lower loss on its own rows.")
+    return line
+
+
+def _first_starts(result: FitResult) -> str:
     if not result.fold_values:
         from_priors = result.folds_from_priors and result.start == result.fold_start
         return "No folds: the fit started from the priors." if from_priors else \

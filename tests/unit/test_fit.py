@@ -4,6 +4,7 @@ hardware files that load, and refuses bad options."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -17,7 +18,16 @@ from sim.simulate import simulate
 from sim.studies import fit as fit_module
 from sim.studies import fit_report as report
 from sim.studies.fit import Evaluator, FitRow, fit, folds_of
-from sim.studies.fit_params import applied, chip, from_unit, parameters, rewrite_toml, spans_decades, to_unit
+from sim.studies.fit_params import (
+    applied,
+    chip,
+    from_unit,
+    ideal_start,
+    parameters,
+    rewrite_toml,
+    spans_decades,
+    to_unit,
+)
 from sim.studies.gemm_table import GEMM_BOUND, measured, median_errors
 from tests.crosscheck.scenarios import tiny
 
@@ -277,3 +287,37 @@ def test_a_range_of_decades_maps_onto_the_unit_interval_by_ratios():
     assert to_unit(hook, 200.0, log=False) == pytest.approx(180 / 1980)
     for u in (0.0, 0.3, 1.0):
         assert to_unit(hook, from_unit(hook, u, log=True), log=True) == pytest.approx(u)
+
+
+def test_loss_is_the_cost_the_fit_reports_at_its_values():
+    rows = rows_made_with(TRUTH)
+    keys = ("matmul_efficiency", "host.zero3_hook_us")
+    result = fit(rows, folds=0, jobs=1, only=keys, iterations=2)
+    with Evaluator(rows, result.params, 1) as ev:
+        assert fit_module.loss(ev, range(len(rows)), result.values) == pytest.approx(result.outcomes[0].cost, rel=1e-6)
+        assert fit_module.loss(ev, range(len(rows)), result.values) < fit_module.loss(ev, range(len(rows)), result.start)
+
+
+def test_an_ideal_second_start_keeps_the_lower_loss_and_the_block_says_which_start_won(tmp_path):
+    rows = rows_made_with({"A100.matmul_efficiency": 0.65, "host.zero3_hook_us": 25.0})
+    keys = ("matmul_efficiency", "host.zero3_hook_us")
+    one = fit(rows, folds=0, jobs=1, only=keys, iterations=2, priors=None)
+    both = fit(rows, folds=0, jobs=1, only=keys, iterations=2, priors=None, ideal=True,
+               checkpoint=tmp_path / "fit.json")
+    assert both.outcomes[0].cost <= one.outcomes[0].cost
+    saved = json.loads((tmp_path / "fit.json").read_text())["fits"]
+    assert set(saved) == {"in-sample", "in-sample from the ideal start"}
+    text = report.markdown(report.table(rows, both), both, ["made.csv"])
+    assert "also ran from the ideal start" in text
+    if both.outcomes[0].start == "ideal":       # the hook's truth lies near the ideal start's floor
+        assert "from the ideal start, loss" in text
+
+
+def test_the_ideal_start_puts_host_costs_at_their_floors_and_rates_at_their_ceilings():
+    params = parameters([tiny("ds-zero3")])
+    x = [(p.low + p.high) / 2 for p in params]
+    ideal = dict(zip((p.key for p in params), ideal_start(params, x), strict=True))
+    by_key = {p.key: p for p in params}
+    assert ideal["host.zero3_hook_us"] == by_key["host.zero3_hook_us"].low
+    assert ideal["host.launch_us"] == by_key["host.launch_us"].low
+    assert ideal["matmul_efficiency"] == pytest.approx((by_key["matmul_efficiency"].low + by_key["matmul_efficiency"].high) / 2)
