@@ -257,7 +257,7 @@ def objective_residuals(ev: Evaluator, idx: Sequence[int], constraints: Sequence
 
 
 def loss(ev: Evaluator, idx: Sequence[int], x: Sequence[float], knee: float = F_SCALE) -> float:
-    """The fit's objective on the rows `idx` at `x`, as scipy reports it (`least_squares`'s
+    """The fit's objective on the simulated rows `idx` (`Evaluator.simulated`) at `x`, as scipy reports it (`least_squares`'s
     `cost`: 0.5 knee^2 sum rho((r / knee)^2), soft-L1 rho(z) = 2 (sqrt(1 + z) - 1))."""
     r = objective_residuals(ev, idx, gemm_constraints(ev, idx), x)
     return float(0.5 * knee ** 2 * np.sum(2.0 * (np.sqrt(1.0 + (r / knee) ** 2) - 1.0)))
@@ -288,9 +288,9 @@ def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations:
     `scale` (SCALES): the solver works on each parameter mapped onto [0, 1] between its
     bounds, "linear"ly (every shipped fit so far) or, with "log", by log(x / low) /
     log(high / low) for a range of a decade or more (`spans_decades`: launch and hook costs,
-    a fabric's halving distance, CPU-Adam and fresh-page copy rates, kernel gaps). A
-    row's residual is a log step time and these costs and rates move it by ratios: on a
-    linear scale a hook cost of 20-2,000 us puts 20 and 200 us a tenth of the range apart
+    a fabric's halving distance, CPU-Adam and fresh-page copy rates, kernel gaps, ZeRO-3's
+    per-slice cost). A row's residual is a log step time and these costs and rates move it
+    by ratios: on a linear scale a hook cost of 20-2,000 us puts 20 and 200 us a tenth of the range apart
     and a trust region sized for one end is far too small or far too large at the other;
     on a log scale each decade is the same distance."""
     free = [j for j in range(len(ev.params)) if any(j in ev.deps[i] for i in idx)]
@@ -361,9 +361,12 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
         x if v is None else min(p.high, max(p.low, v))
         for p, x, v in zip(params, catalog_x, prior_values(params, priors), strict=True)]
     x0 = prior_x if from_priors else catalog_x
+    if solver not in SOLVERS or scale not in SCALES:
+        raise ValueError(f"solver {solver!r}, scale {scale!r}: allowed {SOLVERS} and {SCALES}")
+    # `ideal` is not in the fingerprint: the ideal start's fits are saved under names of their
+    # own, and the others are the same fits with or without it
     store = None if checkpoint is None else Checkpoint.open(
-        checkpoint, fingerprint((rows, params, x0, prior_x, folds, iterations, knee, solver)
-                                 + ((scale,) if scale != "linear" else ()) + (("ideal",) if ideal else ())))
+        checkpoint, fingerprint((rows, params, x0, prior_x, folds, iterations, knee, solver, scale)))
     with Evaluator(rows, params, jobs, progress) as ev:
         everything = [i for i in range(len(rows)) if ev.simulated(i)]   # the rest: not simulated
         if progress:
@@ -371,13 +374,17 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
         saved = 0
 
         def fitted(name: str, idx: list[int], start: list[float]) -> tuple[list[float], Outcome]:
+            """The fit from `start` or, with `ideal`, the lower-loss one of it and the fit from
+            `ideal_start(start)` (not run when that is `start` itself)."""
             values, outcome = fitted_from(name, idx, start)
-            if not ideal:
+            second = ideal_start(params, start)
+            if not ideal or second == start:
                 return values, outcome
-            other, how = fitted_from(f"{name} from the ideal start", idx, ideal_start(params, start))
+            other, how = fitted_from(f"{name} from the ideal start", idx, second)
             return (other, replace(how, start="ideal")) if how.cost < outcome.cost else (values, outcome)
 
         def fitted_from(name: str, idx: list[int], start: list[float]) -> tuple[list[float], Outcome]:
+            """The fit `name` from the checkpoint, or fitted now from `start` and saved there."""
             nonlocal saved
             done = store.get(name) if store else None
             if done is not None:

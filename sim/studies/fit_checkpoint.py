@@ -13,7 +13,8 @@ uninterrupted run gives.
 Only a checkpoint of the same work is taken: FILE holds a fingerprint (SHA-256) of the
 simulator's code (every .py file of the `sim` package), the rows (ids, measured step
 times, scenarios with their hardware values) and the fit's options (parameters with their
-bounds, start values, folds, iterations, loss knee, solver, scale). Another fingerprint is refused, since
+bounds, start values, folds, iterations, loss knee, solver, scale; not `--ideal-start`, whose fits
+are saved under names of their own). Another fingerprint is refused, since
 a cross-validation resumed on other code or rows would mix two models in one report.
 """
 

@@ -252,8 +252,8 @@ IDEAL_AT_CEILING = ("inter_node.fabric_halving_nodes", "host.cpu_adam_params_per
 def ideal_start(params: Sequence[Param], x: Sequence[float]) -> list[float]:
     """`x` with the host-software costs at their floors and the fabric and host-CPU rates at
     their ceilings (the machine the simulator assumed before it modelled host and network
-    overheads); GPU kernel parameters keep their values. A second start for a fit that
-    depends on no measurement: `zerosim fit --ideal-start`."""
+    overheads); GPU kernel parameters keep their values. A second start that no
+    measurement chose: `zerosim fit --ideal-start`."""
     return [p.low if p.key in IDEAL_AT_FLOOR else p.high if p.key in IDEAL_AT_CEILING else v
             for p, v in zip(params, x, strict=True)]
 

@@ -19,6 +19,10 @@ from sim.studies import fit as fit_module
 from sim.studies import fit_report as report
 from sim.studies.fit import Evaluator, FitRow, fit, folds_of
 from sim.studies.fit_params import (
+    CLUSTER_BOUNDS,
+    HOST_BOUNDS,
+    IDEAL_AT_CEILING,
+    IDEAL_AT_FLOOR,
     applied,
     chip,
     from_unit,
@@ -292,19 +296,38 @@ def test_loss_is_the_cost_the_fit_reports_at_its_values():
         assert fit_module.loss(ev, range(len(rows)), result.values) < fit_module.loss(ev, range(len(rows)), result.start)
 
 
-def test_an_ideal_second_start_keeps_the_lower_loss_and_the_block_says_which_start_won(tmp_path):
-    rows = rows_made_with({"A100.matmul_efficiency": 0.65, "host.zero3_hook_us": 25.0})
+def test_an_ideal_second_start_keeps_the_lower_loss_and_the_block_says_which_start_won(tmp_path, monkeypatch):
+    rows = rows_made_with(TRUTH)
     keys = ("matmul_efficiency", "host.zero3_hook_us")
-    one = fit(rows, folds=0, jobs=1, only=keys, iterations=2, priors=None)
-    both = fit(rows, folds=0, jobs=1, only=keys, iterations=2, priors=None, ideal=True,
-               checkpoint=tmp_path / "fit.json")
-    assert both.outcomes[0].cost <= one.outcomes[0].cost
-    saved = json.loads((tmp_path / "fit.json").read_text())["fits"]
-    assert set(saved) == {"in-sample", "in-sample from the ideal start"}
+    real = fit_module.fit_rows
+
+    def ideal_wins(ev, idx, x0, *args):          # the fit from the ideal start (hook at its floor) ends lower
+        values, outcome = real(ev, idx, x0, *args)
+        hook = next(j for j, p in enumerate(ev.params) if p.key == "host.zero3_hook_us")
+        return values, replace(outcome, cost=outcome.cost / 2 if x0[hook] == ev.params[hook].low else outcome.cost)
+
+    monkeypatch.setattr(fit_module, "fit_rows", ideal_wins)
+    path = tmp_path / "fit.json"
+    plain = fit(rows, folds=0, jobs=1, only=keys, iterations=1, from_priors=True, checkpoint=path)
+    assert plain.outcomes[0].start == ""
+    both = fit(rows, folds=0, jobs=1, only=keys, iterations=1, from_priors=True, ideal=True, checkpoint=path)
+    assert set(json.loads(path.read_text())["fits"]) == {"in-sample", "in-sample from the ideal start"}
+    assert both.outcomes[0].start == "ideal" and both.outcomes[0].cost < plain.outcomes[0].cost
     text = report.markdown(report.table(rows, both), both, ["made.csv"])
-    assert "also ran from the ideal start" in text
-    if both.outcomes[0].start == "ideal":       # the hook's truth lies near the ideal start's floor
-        assert "from the ideal start, loss" in text
+    assert "also ran from the ideal start" in text and "from the ideal start, loss" in text
+    monkeypatch.setattr(fit_module, "fit_rows", real)
+    unfaked = fit(rows, folds=0, jobs=1, only=keys, iterations=1, from_priors=True)
+    again = fit(rows, folds=0, jobs=1, only=keys, iterations=1, from_priors=True, ideal=True)
+    assert again.outcomes[0].cost <= unfaked.outcomes[0].cost
+
+
+def test_no_second_fit_runs_when_the_start_is_already_ideal(monkeypatch):
+    rows = rows_made_with({"A100.matmul_efficiency": 0.65})
+    calls = []
+    real = fit_module.fit_rows
+    monkeypatch.setattr(fit_module, "fit_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fit(rows, folds=0, jobs=1, only=("matmul_efficiency",), iterations=1, ideal=True)
+    assert len(calls) == 1
 
 
 def test_the_ideal_start_puts_host_costs_at_their_floors_and_rates_at_their_ceilings():
@@ -315,3 +338,6 @@ def test_the_ideal_start_puts_host_costs_at_their_floors_and_rates_at_their_ceil
     assert ideal["host.zero3_hook_us"] == by_key["host.zero3_hook_us"].low
     assert ideal["host.launch_us"] == by_key["host.launch_us"].low
     assert ideal["matmul_efficiency"] == pytest.approx((by_key["matmul_efficiency"].low + by_key["matmul_efficiency"].high) / 2)
+    # every host and network parameter has its ideal end, and nothing else does
+    assert set(IDEAL_AT_FLOOR) | set(IDEAL_AT_CEILING) == set(CLUSTER_BOUNDS) | set(HOST_BOUNDS)
+    assert not set(IDEAL_AT_FLOOR) & set(IDEAL_AT_CEILING)
