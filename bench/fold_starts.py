@@ -25,10 +25,10 @@ import re
 import statistics
 from pathlib import Path
 
+from published_baseline import default_csvs
+
 from sim.studies.fit import F_SCALE, Evaluator, folds_of, loss, usable_rows
 from sim.studies.fit_params import parameters, start_values
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--loss-knee", type=float, default=F_SCALE)
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
-    csvs = args.csvs or sorted((ROOT.parent / "shared" / "validation").glob("published-*.csv"))
+    csvs = args.csvs or default_csvs()
     rows = usable_rows(csvs)
     params = parameters([r.scenario for r in rows])
     catalog = start_values(params, [r.scenario for r in rows])
