@@ -27,7 +27,7 @@ from pathlib import Path
 
 from published_baseline import default_csvs
 
-from sim.studies.fit import F_SCALE, Evaluator, folds_of, loss, usable_rows
+from sim.studies.fit import F_SCALE, Evaluator, folds_of, from_ideal, loss, usable_rows
 from sim.studies.fit_params import parameters, start_values
 
 
@@ -54,7 +54,7 @@ def main() -> None:
                                                  enumerate(folds_of(rows, folds))]:
             if name not in fits:
                 continue
-            saved = min((fits[n] for n in (name, f"{name} from the ideal start") if n in fits),
+            saved = min((fits[n] for n in (name, from_ideal(name)) if n in fits),
                         key=lambda s: s.get("outcome", s)["cost"])     # --ideal-start keeps the lower loss
             outcome = saved.get("outcome", saved)   # checkpoint format 2 keeps it apart, format 1 beside the values
             values = saved["values"]

@@ -290,9 +290,9 @@ def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations:
     log(high / low) for a range of a decade or more (`spans_decades`: launch and hook costs,
     a fabric's halving distance, CPU-Adam and fresh-page copy rates, kernel gaps, ZeRO-3's
     per-slice cost). A row's residual is a log step time and these costs and rates move it
-    by ratios: on a linear scale a hook cost of 20-2,000 us puts 20 and 200 us a tenth of the range apart
-    and a trust region sized for one end is far too small or far too large at the other;
-    on a log scale each decade is the same distance."""
+    by ratios: on a linear scale a hook cost of 20-2,000 us puts 20 and 200 us a tenth of
+    the range apart and a trust region sized for one end is far too small or far too large
+    at the other; on a log scale each decade is the same distance."""
     free = [j for j in range(len(ev.params)) if any(j in ev.deps[i] for i in idx)]
     if not free:
         return list(x0), Outcome(True, 0, 0.0)
@@ -328,6 +328,11 @@ def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations:
                         loss="soft_l1", f_scale=knee, jac=jac, jac_sparsity=sparsity, diff_step=DIFF_STEP,
                         x_scale="jac", max_nfev=iterations + 1, xtol=1e-3, ftol=1e-4)
     return full(out.x), Outcome(bool(out.status > 0), int(out.nfev), float(out.cost))
+
+
+def from_ideal(name: str) -> str:
+    """The checkpoint name of fit `name` run from the ideal start (`fit(ideal=True)`)."""
+    return f"{name} from the ideal start"
 
 
 def folds_of(rows: Sequence[FitRow], k: int) -> list[list[int]]:
@@ -380,7 +385,7 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
             second = ideal_start(params, start)
             if not ideal or second == start:
                 return values, outcome
-            other, how = fitted_from(f"{name} from the ideal start", idx, second)
+            other, how = fitted_from(from_ideal(name), idx, second)
             return (other, replace(how, start="ideal")) if how.cost < outcome.cost else (values, outcome)
 
         def fitted_from(name: str, idx: list[int], start: list[float]) -> tuple[list[float], Outcome]:
