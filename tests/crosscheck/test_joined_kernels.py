@@ -4,6 +4,8 @@ at the same time, and the step, the memory timeline and the collectives are the 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from sim.des.engine import EventEngine, Mode, kernel_time
@@ -31,14 +33,15 @@ def schedule(s, *, joins: bool) -> Schedule:
 def kernel_times(engine: EventEngine) -> dict[tuple[int, int, str, str], tuple[float, float]]:
     """(rank, micro-step, phase, kernel name, occurrence) -> (start, end) of every compute kernel."""
     out = {}
+    seen: Counter[tuple[int, int, str, str]] = Counter()
     for span in engine.spans:
         if isinstance(span.op, Compute):
             t = span.start
             for k in span.op.kernels:
                 end = t + kernel_time(k, engine.scenario)
                 key = (span.rank, span.op.micro_step, span.op.phase.value, k.name)
-                n = sum(1 for other in out if other[:4] == key)
-                out[(*key, n)] = (t, end)
+                out[(*key, seen[key])] = (t, end)
+                seen[key] += 1
                 t = end
     return out
 
