@@ -1,6 +1,6 @@
 """Benchmark: did each fold of a cross-validation reach the best fit of its training rows?
 
-Run: python bench/fold_starts.py CHECKPOINT.json [CSV ...] [--folds 5] [--jobs 2]
+Run: python bench/fold_starts.py CHECKPOINT.json [CSV ...] [--folds 5] [--jobs 2] [--groups] [--sweeps N]
 
 Reads a finished `zerosim fit --checkpoint` file (the in-sample fit and each fold's fitted
 values) and, for each fold, compares the loss its own fit ended at with the loss the
@@ -15,6 +15,21 @@ fit reported; the recomputed one scores the saved values with this code, so the 
 when it runs on the code (and the rows, `--loss-knee` and row selection) that wrote the
 checkpoint, which it cannot check beyond the number of parameters. Folds: as many as the
 checkpoint holds. Not a test: about 3-5 minutes on 2 cores.
+
+With --groups it then asks where each fold stopped short: for each group of parameters
+(GPU kernels; fabrics; host CPU rates and software costs; ZeRO-3's host costs alone) it puts that group alone at the
+catalog's values, keeps the fold's own values for the rest, and prints the fold's loss on its
+training rows and the held-out median |error| (all rows, ZeRO-3 / FSDP2 rows). A group whose
+catalog values lower the fold's training loss is one where the fold's fit stopped short of
+what its own rows allow; the held-out figures at those values are not a cross-validation
+(the catalog saw the held-out rows) and only say how much rides on that group. About 20
+minutes more on 2 cores.
+
+With --sweeps N it runs, from each fold's saved values, the coordinate sweeps `zerosim fit
+--sweeps N` runs after its trust-region fit (sim.studies.fit.sweep_rows, on the fold's own
+training rows), and prints each fold's training loss and held-out errors before and after,
+then the cross-validated statistics of all folds before and after (the in-sample fit is not
+swept). About 10 minutes per fold and round on 2 cores.
 """
 
 from __future__ import annotations
@@ -27,8 +42,23 @@ from pathlib import Path
 
 from published_baseline import default_csvs
 
-from sim.studies.fit import F_SCALE, Evaluator, folds_of, from_ideal, loss, usable_rows
-from sim.studies.fit_params import parameters, start_values
+from sim.studies.fit import F_SCALE, SCALES, Evaluator, folds_of, from_ideal, loss, sweep_rows, usable_rows
+from sim.studies.fit_params import (
+    CLUSTER_BOUNDS,
+    GPU_BOUNDS,
+    HOST_BOUNDS,
+    HOST_CPU_KEYS,
+    Param,
+    parameters,
+    start_values,
+)
+from sim.studies.fit_report import engine_label
+
+ZERO3_HOST = ("host.launch_us", "host.zero3_hook_us", "host.zero3_rank_piece_us")
+GROUPS = {"GPU kernels": lambda p: p.key in GPU_BOUNDS,
+          "fabrics": lambda p: p.key in CLUSTER_BOUNDS and p.key not in HOST_CPU_KEYS,
+          "host (CPU rates, software costs)": lambda p: p.key in HOST_CPU_KEYS or p.key in HOST_BOUNDS,
+          "ZeRO-3 host costs (launch, hook, slice)": lambda p: p.key in ZERO3_HOST}
 
 
 def main() -> None:
@@ -38,6 +68,9 @@ def main() -> None:
     parser.add_argument("--folds", type=int, help="default: the folds the checkpoint holds")
     parser.add_argument("--loss-knee", type=float, default=F_SCALE)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--groups", action="store_true", help="also score each parameter group at the catalog's values")
+    parser.add_argument("--sweeps", type=int, default=0, help="also run up to N rounds of coordinate sweeps per fold")
+    parser.add_argument("--scale", choices=SCALES, default="linear", help="the sweeps' grid scale (zerosim fit --scale)")
     args = parser.parse_args()
     csvs = args.csvs or default_csvs()
     rows = usable_rows(csvs)
@@ -50,6 +83,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     with Evaluator(rows, params, args.jobs) as ev:
         simulated = [i for i in range(len(rows)) if ev.simulated(i)]
+        kept: list[tuple[str, list[float], list[int], list[int]]] = []
         for name, test in [("in-sample", [])] + [(f"fold {f + 1}", fold) for f, fold in
                                                  enumerate(folds_of(rows, folds))]:
             if name not in fits:
@@ -63,11 +97,65 @@ def main() -> None:
                                  "run this on the code that wrote the checkpoint")
             train = [i for i in simulated if i not in test]
             held = [i for i in simulated if i in test]
-            errors = [abs(t / rows[i].measured_s - 1) for i, t in zip(held, ev.predict(held, values), strict=True)]
-            held_out = f"{100 * statistics.median(errors):.1f}%" if errors else ""
+            held_out = median_abs([t / rows[i].measured_s - 1 for i, t in zip(held, ev.predict(held, values), strict=True)])
             print(f"| {name} | {len(train)} | {outcome['cost']:.4f} | {loss(ev, train, values, args.loss_knee):.4f} "
                   f"| {loss(ev, train, catalog, args.loss_knee):.4f} "
                   f"| {outcome['converged']} | {held_out} |", flush=True)
+            if test:
+                kept.append((name, values, train, held))
+        if args.groups:
+            print_groups(ev, rows, params, catalog, kept, args.loss_knee)
+        if args.sweeps:
+            print_sweeps(ev, rows, kept, args.sweeps, args.loss_knee, args.scale)
+
+
+def print_sweeps(ev: Evaluator, rows: list, folds: list[tuple[str, list[float], list[int], list[int]]],
+                 rounds: int, knee: float, scale: str) -> None:
+    """Per fold: its sweeps from the saved values; then the cross-validated figures before and after."""
+    print("\n| fold | rounds | training loss before | after | held-out median abs error before | after |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    before: dict[int, float] = {}
+    after: dict[int, float] = {}
+    for name, values, train, held in folds:
+        x, done, cost = sweep_rows(ev, train, values, rounds, knee, scale)
+        old = dict(zip(held, ev.predict(held, values) / [rows[i].measured_s for i in held] - 1, strict=True))
+        new = dict(zip(held, ev.predict(held, x) / [rows[i].measured_s for i in held] - 1, strict=True))
+        before.update(old)
+        after.update(new)
+        print(f"| {name} | {done} | {loss(ev, train, values, knee):.4f} | {cost:.4f} | "
+              f"{median_abs(list(old.values()))} | {median_abs(list(new.values()))} |", flush=True)
+    print("\n| cross-validated | rows | median abs | worst abs | median signed | ZeRO-3 / FSDP2 median abs | other |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for label, errors in (("saved folds", before), ("after the sweeps", after)):
+        sharded = [e for i, e in errors.items() if is_sharded(rows[i])]
+        other = [e for i, e in errors.items() if not is_sharded(rows[i])]
+        print(f"| {label} | {len(errors)} | {median_abs(list(errors.values()))} "
+              f"| {100 * max(abs(e) for e in errors.values()):.1f}% | {100 * statistics.median(errors.values()):+.1f}% "
+              f"| {median_abs(sharded)} | {median_abs(other)} |")
+
+
+def is_sharded(row) -> bool:
+    label = engine_label(row.scenario)
+    return label.startswith("deepspeed z3") or label == "fsdp2"
+
+
+def print_groups(ev: Evaluator, rows: list, params: list[Param], catalog: list[float],
+                 folds: list[tuple[str, list[float], list[int], list[int]]], knee: float) -> None:
+    """Per fold and group: the fold's values with that group at the catalog's."""
+    print("\n| fold | catalog values for | training loss | held-out median abs error | "
+          "held-out ZeRO-3 / FSDP2 rows |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, values, train, held in folds:
+        for group, member in [("none", lambda p: False), *GROUPS.items()]:
+            x = [c if member(p) else v for p, v, c in zip(params, values, catalog, strict=True)]
+            errors = {i: t / rows[i].measured_s - 1 for i, t in zip(held, ev.predict(held, x), strict=True)}
+            sharded = [e for i, e in errors.items() if is_sharded(rows[i])]
+            print(f"| {name} | {group} | {loss(ev, train, x, knee):.4f} | {median_abs(list(errors.values()))} "
+                  f"| {median_abs(sharded)} |", flush=True)
+
+
+def median_abs(errors: list[float]) -> str:
+    return f"{100 * statistics.median(abs(e) for e in errors):.1f}%" if errors else ""
 
 
 if __name__ == "__main__":

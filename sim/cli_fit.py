@@ -64,6 +64,9 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ideal-start", action="store_true", help="run every fit a second time from the ideal machine "
                    "(host-software costs at their floors, fabrics and host CPUs at their ceilings) and keep the "
                    "start that ends at the lower loss on the fit's own rows (twice the time)")
+    p.add_argument("--sweeps", type=int, default=0, help="after each trust-region fit, up to N rounds of coordinate "
+                   "sweeps (each free parameter tried at 5 points of its range, the lowest loss on the fit's own rows "
+                   "kept; default 0)")
     p.add_argument("--json", action="store_true", help="print statistics, parameters and rows as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
@@ -95,6 +98,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     folds = check_int(args.folds, "--folds", low=1, high=50)
     jobs = check_int(args.jobs, "--jobs", low=1, high=256)
     iterations = check_int(args.iterations, "--iterations", low=1, high=100)
+    sweeps = check_int(args.sweeps, "--sweeps", low=0, high=20)
     knee = check_number(args.loss_knee, "--loss-knee", low=0.0, high=1.0, low_open=True)
     params = comma_choices(args.params, "--params", KEYS, "parameter")
     csv_out = check_output_path(args.csv, "--csv", ("csv",)) if args.csv else None
@@ -108,7 +112,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     progress = None if args.quiet else (lambda line: print(f"zerosim fit: {line}", file=sys.stderr, flush=True))
     result = fit(rows, folds=folds if folds > 1 else 0, jobs=jobs, only=params, iterations=iterations,
                  progress=progress, from_priors=args.from_priors, knee=knee, checkpoint=checkpoint,
-                 solver=args.solver, scale=args.scale, ideal=args.ideal_start)
+                 solver=args.solver, scale=args.scale, ideal=args.ideal_start, sweeps=sweeps)
     df = report.table(rows, result)
     stats = report.summary(df)
     if csv_out:

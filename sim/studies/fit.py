@@ -56,6 +56,7 @@ from sim.studies.fit_params import (
     start_values,
     to_unit,
 )
+from sim.studies.fit_sweep import coordinate_sweeps
 from sim.studies.gemm_table import GEMM_BOUND, TABLES, excess, measured
 from sim.studies.published import read_rows
 
@@ -104,6 +105,7 @@ class FitResult:
     solver: str = "subspace"                       # how each trust-region step was solved (fit_rows)
     scale: str = "linear"                          # how each parameter's range met the solver (fit_rows)
     ideal: bool = False                            # each fit also ran from ideal_start and kept the lower loss
+    sweeps: int = 0                                # each fit then ran up to this many coordinate sweeps
     fold_start: list[float] = field(default_factory=list)   # where each fold's fit started
     folds_from_priors: bool = False                # fold_start holds the priors the catalog keeps
 
@@ -259,8 +261,28 @@ def objective_residuals(ev: Evaluator, idx: Sequence[int], constraints: Sequence
 def loss(ev: Evaluator, idx: Sequence[int], x: Sequence[float], knee: float = F_SCALE) -> float:
     """The fit's objective on the simulated rows `idx` (`Evaluator.simulated`) at `x`, as scipy reports it (`least_squares`'s
     `cost`: 0.5 knee^2 sum rho((r / knee)^2), soft-L1 rho(z) = 2 (sqrt(1 + z) - 1))."""
-    r = objective_residuals(ev, idx, gemm_constraints(ev, idx), x)
+    return soft_l1_cost(objective_residuals(ev, idx, gemm_constraints(ev, idx), x), knee)
+
+
+def soft_l1_cost(r: np.ndarray, knee: float) -> float:
     return float(0.5 * knee ** 2 * np.sum(2.0 * (np.sqrt(1.0 + (r / knee) ** 2) - 1.0)))
+
+
+def free_parameters(ev: Evaluator, idx: Sequence[int]) -> list[int]:
+    """The parameters some row of `idx` depends on (the others stay where they start)."""
+    return [j for j in range(len(ev.params)) if any(j in ev.deps[i] for i in idx)]
+
+
+def sweep_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], rounds: int, knee: float = F_SCALE,
+               scale: str = "linear") -> tuple[list[float], int, float]:
+    """Up to `rounds` coordinate sweeps (sim.studies.fit_sweep) over the parameters the rows
+    `idx` depend on, from `x0`, on the fit's objective (`loss`): (values, rounds run, loss)."""
+    constraints = gemm_constraints(ev, idx)
+
+    def losses(points: Sequence[list[float]]) -> list[float]:
+        ev.warm(idx, points)
+        return [soft_l1_cost(objective_residuals(ev, idx, constraints, y), knee) for y in points]
+    return coordinate_sweeps(losses, x0, ev.params, free_parameters(ev, idx), rounds, scale)
 
 
 def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations: int = MAX_ITERATIONS,
@@ -293,7 +315,7 @@ def fit_rows(ev: Evaluator, idx: Sequence[int], x0: Sequence[float], iterations:
     by ratios: on a linear scale a hook cost of 20-2,000 us puts 20 and 200 us a tenth of
     the range apart and a trust region sized for one end is far too small or far too large
     at the other; on a log scale each decade is the same distance."""
-    free = [j for j in range(len(ev.params)) if any(j in ev.deps[i] for i in idx)]
+    free = free_parameters(ev, idx)
     if not free:
         return list(x0), Outcome(True, 0, 0.0)
     params = [ev.params[j] for j in free]
@@ -335,6 +357,11 @@ def from_ideal(name: str) -> str:
     return f"{name} from the ideal start"
 
 
+def swept(name: str) -> str:
+    """The checkpoint name of fit `name` after its coordinate sweeps (`fit(sweeps=N)`)."""
+    return f"{name}, swept"
+
+
 def folds_of(rows: Sequence[FitRow], k: int) -> list[list[int]]:
     """Row indices dealt into k folds round-robin in id order (deterministic)."""
     order = sorted(range(len(rows)), key=lambda i: rows[i].id)
@@ -345,7 +372,7 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
         iterations: int = MAX_ITERATIONS, progress: Callable[[str], None] | None = None,
         priors: Path | None = CATALOG_HARDWARE, from_priors: bool = False,
         knee: float = F_SCALE, checkpoint: Path | None = None, solver: str = "subspace",
-        scale: str = "linear", ideal: bool = False) -> FitResult:
+        scale: str = "linear", ideal: bool = False, sweeps: int = 0) -> FitResult:
     """Fit on all rows (in-sample) and, with `folds` > 1, on each k-1 folds (cross-validated),
     each with the soft-L1 loss's knee at `knee`.
     `priors` is a hardware folder whose fitted keys' comments keep their priors
@@ -359,7 +386,9 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
     (`fit_rows`). `ideal`: every fit (in-sample and each fold) is run a second time from
     `ideal_start` of its start and keeps whichever of the two ends at the lower loss on its
     own rows: the objective has more than one basin (docs/fidelity.md), and a second start
-    that no row chose is still cross-validation, since held-out rows never score a start."""
+    that no row chose is still cross-validation, since held-out rows never score a start.
+    `sweeps`: then up to that many rounds of coordinate sweeps from the kept fit, on its own
+    rows (`sweep_rows`; saved under `swept(name)`)."""
     params = parameters([r.scenario for r in rows], only)
     catalog_x = start_values(params, [r.scenario for r in rows])
     prior_x = catalog_x if priors is None else [
@@ -368,8 +397,8 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
     x0 = prior_x if from_priors else catalog_x
     if solver not in SOLVERS or scale not in SCALES:
         raise ValueError(f"solver {solver!r}, scale {scale!r}: allowed {SOLVERS} and {SCALES}")
-    # `ideal` is not in the fingerprint: the ideal start's fits are saved under names of their
-    # own, and the others are the same fits with or without it
+    # `ideal` and `sweeps` are not in the fingerprint: the ideal start's fits and the swept
+    # ones are saved under names of their own, and the others are the same fits without them
     store = None if checkpoint is None else Checkpoint.open(
         checkpoint, fingerprint((rows, params, x0, prior_x, folds, iterations, knee, solver, scale)))
     with Evaluator(rows, params, jobs, progress) as ev:
@@ -380,13 +409,29 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
 
         def fitted(name: str, idx: list[int], start: list[float]) -> tuple[list[float], Outcome]:
             """The fit from `start` or, with `ideal`, the lower-loss one of it and the fit from
-            `ideal_start(start)` (not run when that is `start` itself)."""
+            `ideal_start(start)` (not run when that is `start` itself); then, with `sweeps`,
+            its coordinate sweeps."""
             values, outcome = fitted_from(name, idx, start)
             second = ideal_start(params, start)
-            if not ideal or second == start:
-                return values, outcome
-            other, how = fitted_from(from_ideal(name), idx, second)
-            return (other, replace(how, start="ideal")) if how.cost < outcome.cost else (values, outcome)
+            if ideal and second != start:
+                other, how = fitted_from(from_ideal(name), idx, second)
+                if how.cost < outcome.cost:
+                    name, values, outcome = from_ideal(name), other, replace(how, start="ideal")
+            return swept_from(name, idx, values, outcome) if sweeps else (values, outcome)
+
+        def swept_from(name: str, idx: list[int], values: list[float], outcome: Outcome) -> tuple[list[float], Outcome]:
+            """Fit `name`'s values and outcome after its sweeps, from the checkpoint or run now."""
+            nonlocal saved
+            done = store.get(swept(name)) if store else None
+            if done is not None:
+                saved += done.simulations
+                return done.values, done.outcome
+            before = ev.simulations
+            values, rounds, cost = sweep_rows(ev, idx, values, sweeps, knee, scale)
+            outcome = replace(outcome, cost=cost, sweeps=rounds)
+            if store:
+                store.save(swept(name), SavedFit(values, outcome, ev.simulations - before))
+            return values, outcome
 
         def fitted_from(name: str, idx: list[int], start: list[float]) -> tuple[list[float], Outcome]:
             """The fit `name` from the checkpoint, or fitted now from `start` and saved there."""
@@ -407,7 +452,7 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
         predicted = dict(zip((rows[i].id for i in everything), ev.predict(everything, values).tolist(), strict=True))
         result = FitResult(params, x0, values, predicted, fold_start=prior_x, folds_from_priors=priors is not None,
                            chosen={rows[i].id: ev.chosen(i, values) for i in everything if rows[i].alternatives},
-                           outcomes=[outcome], knee=knee, solver=solver, scale=scale, ideal=ideal)
+                           outcomes=[outcome], knee=knee, solver=solver, scale=scale, ideal=ideal, sweeps=sweeps)
         if folds > 1:
             for f, fold in enumerate(folds_of(rows, folds)):
                 test = [i for i in fold if i in everything]

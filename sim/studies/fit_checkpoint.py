@@ -13,8 +13,8 @@ uninterrupted run gives.
 Only a checkpoint of the same work is taken: FILE holds a fingerprint (SHA-256) of the
 simulator's code (every .py file of the `sim` package), the rows (ids, measured step
 times, scenarios with their hardware values) and the fit's options (parameters with their
-bounds, start values, folds, iterations, loss knee, solver, scale; not `--ideal-start`, whose fits
-are saved under names of their own). Another fingerprint is refused, since
+bounds, start values, folds, iterations, loss knee, solver, scale; not `--ideal-start` or
+`--sweeps`, whose fits are saved under names of their own). Another fingerprint is refused, since
 a cross-validation resumed on other code or rows would mix two models in one report.
 """
 
@@ -57,11 +57,13 @@ class Outcome:
     iterations: int
     cost: float
     start: str = ""
+    sweeps: int = 0        # coordinate sweeps run after the trust-region fit (`cost` is after them)
 
     def describe(self) -> str:
         how = "converged" if self.converged else "stopped at the iteration cap"
         where = f" from the {self.start} start" if self.start else ""
-        return f"{how} after {self.iterations} evaluations{where}, loss {self.cost:.4g}"
+        then = f", then {self.sweeps} coordinate sweep{'s' if self.sweeps > 1 else ''}" if self.sweeps else ""
+        return f"{how} after {self.iterations} evaluations{where}{then}, loss {self.cost:.4g}"
 
 
 @dataclass

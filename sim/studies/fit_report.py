@@ -82,8 +82,8 @@ def params_table(result: FitResult) -> list[dict[str, Any]]:
 def outcomes_table(result: FitResult) -> list[dict[str, Any]]:
     """How each fit ended: the in-sample fit, then each fold's (sim.studies.fit_checkpoint.Outcome)."""
     names = ["in-sample"] + [f"fold {f + 1}" for f in range(len(result.outcomes) - 1)]
-    return [{"fit": name, "converged": o.converged, "iterations": o.iterations, "loss": o.cost, "start": o.start}
-            for name, o in zip(names, result.outcomes, strict=True)]
+    return [{"fit": name, "converged": o.converged, "iterations": o.iterations, "loss": o.cost, "start": o.start,
+             "sweeps": o.sweeps} for name, o in zip(names, result.outcomes, strict=True)]
 
 
 def outcomes_line(result: FitResult) -> str:
@@ -94,8 +94,8 @@ def outcomes_line(result: FitResult) -> str:
     if not rows:
         return ""
     parts = [f"{r['fit']} {'converged' if r['converged'] else 'stopped at the iteration cap'} "
-             f"({r['iterations']} steps{', from the ' + r['start'] + ' start' if r['start'] else ''}, "
-             f"loss {r['loss']:.4g})" for r in rows]
+             f"({r['iterations']} steps{', from the ' + r['start'] + ' start' if r['start'] else ''}"
+             f"{', ' + str(r['sweeps']) + ' sweeps' if r['sweeps'] else ''}, loss {r['loss']:.4g})" for r in rows]
     return " ".join(filter(None, ["Fits: " + "; ".join(parts) + ".", starts_line(result)]))
 
 
@@ -107,6 +107,9 @@ def starts_line(result: FitResult) -> str:
     if result.ideal:
         line += (" Each fit also ran from the ideal start (host-software costs at their floors, fabrics and "
                  "host CPUs at their ceilings) and kept whichever ended at the lower loss on its own rows.")
+    if result.sweeps:
+        line += (f" Each kept fit then ran up to {result.sweeps} rounds of coordinate sweeps on its own rows "
+                 "(every free parameter tried at 5 points of its range, the lowest loss kept).")
     return line
 
 
