@@ -42,7 +42,8 @@ from pathlib import Path
 
 from published_baseline import default_csvs
 
-from sim.studies.fit import F_SCALE, SCALES, Evaluator, folds_of, from_ideal, loss, sweep_rows, usable_rows
+from sim.studies.fit import SCALES, Evaluator, folds_of, from_ideal, usable_rows
+from sim.studies.fit_objective import F_SCALE, loss, sweep_rows
 from sim.studies.fit_params import (
     CLUSTER_BOUNDS,
     GPU_BOUNDS,

@@ -16,6 +16,7 @@ from sim.inputs.catalog import catalog_dir
 from sim.inputs.hardware import load_cluster, load_gpu
 from sim.simulate import simulate
 from sim.studies import fit as fit_module
+from sim.studies import fit_objective
 from sim.studies import fit_report as report
 from sim.studies.fit import Evaluator, FitRow, fit, folds_of
 from sim.studies.fit_params import (
@@ -244,7 +245,7 @@ def test_a_measured_gemm_table_holds_the_h100_file_where_its_gemms_run(monkeypat
     gpu = applied(made[0].scenario, result.params, result.values).cluster.node.gpu
     assert max(median_errors(gpu, measured("H100"))) < GEMM_BOUND
     assert got["matmul_efficiency"] > 0.63
-    monkeypatch.setattr(fit_module, "GEMM_WEIGHT", 0.0)                  # without the table
+    monkeypatch.setattr(fit_objective, "GEMM_WEIGHT", 0.0)                  # without the table
     free = fit(made, folds=0, jobs=1, only=("matmul_efficiency", "memory_bandwidth_efficiency"))
     loose = dict(zip((p.key for p in free.params), free.values, strict=True))
     assert loose["matmul_efficiency"] == pytest.approx(0.58, abs=0.02)
@@ -292,8 +293,8 @@ def test_loss_is_the_cost_the_fit_reports_at_its_values():
     keys = ("matmul_efficiency", "host.zero3_hook_us")
     result = fit(rows, folds=0, jobs=1, only=keys, iterations=2)
     with Evaluator(rows, result.params, 1) as ev:
-        assert fit_module.loss(ev, range(len(rows)), result.values) == pytest.approx(result.outcomes[0].cost, rel=1e-6)
-        assert fit_module.loss(ev, range(len(rows)), result.values) < fit_module.loss(ev, range(len(rows)), result.start)
+        assert fit_objective.loss(ev, range(len(rows)), result.values) == pytest.approx(result.outcomes[0].cost, rel=1e-6)
+        assert fit_objective.loss(ev, range(len(rows)), result.values) < fit_objective.loss(ev, range(len(rows)), result.start)
 
 
 def test_an_ideal_second_start_keeps_the_lower_loss_and_the_block_says_which_start_won(tmp_path, monkeypatch):
