@@ -40,6 +40,7 @@ import re
 import statistics
 from pathlib import Path
 
+import pandas as pd
 from published_baseline import default_csvs
 
 from sim.studies.fit import SCALES, Evaluator, folds_of, from_ideal, usable_rows
@@ -53,7 +54,7 @@ from sim.studies.fit_params import (
     parameters,
     start_values,
 )
-from sim.studies.fit_report import engine_label
+from sim.studies.fit_report import engine_label, shards_parameters, stats
 
 ZERO3_HOST = ("host.launch_us", "host.zero3_hook_us", "host.zero3_rank_piece_us")
 GROUPS = {"GPU kernels": lambda p: p.key in GPU_BOUNDS,
@@ -98,7 +99,7 @@ def main() -> None:
                                  "run this on the code that wrote the checkpoint")
             train = [i for i in simulated if i not in test]
             held = [i for i in simulated if i in test]
-            held_out = median_abs([t / rows[i].measured_s - 1 for i, t in zip(held, ev.predict(held, values), strict=True)])
+            held_out = median_abs(list(errors_at(ev, held, values).values()))
             print(f"| {name} | {len(train)} | {outcome['cost']:.4f} | {loss(ev, train, values, args.loss_knee):.4f} "
                   f"| {loss(ev, train, catalog, args.loss_knee):.4f} "
                   f"| {outcome['converged']} | {held_out} |", flush=True)
@@ -119,8 +120,7 @@ def print_sweeps(ev: Evaluator, rows: list, folds: list[tuple[str, list[float], 
     after: dict[int, float] = {}
     for name, values, train, held in folds:
         x, done, cost = sweep_rows(ev, train, values, rounds, knee, scale)
-        old = dict(zip(held, ev.predict(held, values) / [rows[i].measured_s for i in held] - 1, strict=True))
-        new = dict(zip(held, ev.predict(held, x) / [rows[i].measured_s for i in held] - 1, strict=True))
+        old, new = errors_at(ev, held, values), errors_at(ev, held, x)
         before.update(old)
         after.update(new)
         print(f"| {name} | {done} | {loss(ev, train, values, knee):.4f} | {cost:.4f} | "
@@ -128,16 +128,20 @@ def print_sweeps(ev: Evaluator, rows: list, folds: list[tuple[str, list[float], 
     print("\n| cross-validated | rows | median abs | worst abs | median signed | ZeRO-3 / FSDP2 median abs | other |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for label, errors in (("saved folds", before), ("after the sweeps", after)):
-        sharded = [e for i, e in errors.items() if is_sharded(rows[i])]
-        other = [e for i, e in errors.items() if not is_sharded(rows[i])]
-        print(f"| {label} | {len(errors)} | {median_abs(list(errors.values()))} "
-              f"| {100 * max(abs(e) for e in errors.values()):.1f}% | {100 * statistics.median(errors.values()):+.1f}% "
-              f"| {median_abs(sharded)} | {median_abs(other)} |")
+        every = stats(pd.Series(errors))
+        print(f"| {label} | {every['rows']} | {100 * every['median_abs']:.1f}% | {100 * every['worst_abs']:.1f}% "
+              f"| {100 * every['median_signed']:+.1f}% | {median_abs(sharded_only(rows, errors, True))} "
+              f"| {median_abs(sharded_only(rows, errors, False))} |")
 
 
-def is_sharded(row) -> bool:
-    label = engine_label(row.scenario)
-    return label.startswith("deepspeed z3") or label == "fsdp2"
+def errors_at(ev: Evaluator, idx: list[int], x: list[float]) -> dict[int, float]:
+    """Each row's (predicted - published) / published step time under `x`."""
+    return {i: t / ev.rows[i].measured_s - 1 for i, t in zip(idx, ev.predict(idx, x), strict=True)}
+
+
+def sharded_only(rows: list, errors: dict[int, float], sharded: bool) -> list[float]:
+    """The errors of the ZeRO-3 / FSDP2 rows (`sharded`) or of the rest."""
+    return [e for i, e in errors.items() if shards_parameters(engine_label(rows[i].scenario)) == sharded]
 
 
 def print_groups(ev: Evaluator, rows: list, params: list[Param], catalog: list[float],
@@ -149,10 +153,9 @@ def print_groups(ev: Evaluator, rows: list, params: list[Param], catalog: list[f
     for name, values, train, held in folds:
         for group, member in [("none", lambda p: False), *GROUPS.items()]:
             x = [c if member(p) else v for p, v, c in zip(params, values, catalog, strict=True)]
-            errors = {i: t / rows[i].measured_s - 1 for i, t in zip(held, ev.predict(held, x), strict=True)}
-            sharded = [e for i, e in errors.items() if is_sharded(rows[i])]
+            errors = errors_at(ev, held, x)
             print(f"| {name} | {group} | {loss(ev, train, x, knee):.4f} | {median_abs(list(errors.values()))} "
-                  f"| {median_abs(sharded)} |", flush=True)
+                  f"| {median_abs(sharded_only(rows, errors, True))} |", flush=True)
 
 
 def median_abs(errors: list[float]) -> str:

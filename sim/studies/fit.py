@@ -334,21 +334,18 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
             return swept_from(name, idx, values, outcome) if sweeps else (values, outcome)
 
         def swept_from(name: str, idx: list[int], values: list[float], outcome: Outcome) -> tuple[list[float], Outcome]:
-            """Fit `name`'s values and outcome after its sweeps, from the checkpoint or run now."""
-            nonlocal saved
-            done = store.get(swept(name)) if store else None
-            if done is not None:
-                saved += done.simulations
-                return done.values, done.outcome
-            before = ev.simulations
-            values, rounds, cost = sweep_rows(ev, idx, values, sweeps, knee, scale)
-            outcome = replace(outcome, cost=cost, sweeps=rounds)
-            if store:
-                store.save(swept(name), SavedFit(values, outcome, ev.simulations - before))
-            return values, outcome
+            """Fit `name` after its sweeps, from the checkpoint or swept now from `values`."""
+            def sweep() -> tuple[list[float], Outcome]:
+                x, rounds, cost = sweep_rows(ev, idx, values, sweeps, knee, scale)
+                return x, replace(outcome, cost=cost, sweeps=rounds)
+            return stored(swept(name), sweep)
 
         def fitted_from(name: str, idx: list[int], start: list[float]) -> tuple[list[float], Outcome]:
-            """The fit `name` from the checkpoint, or fitted now from `start` and saved there."""
+            """The fit `name` from the checkpoint, or fitted now from `start`."""
+            return stored(name, lambda: fit_rows(ev, idx, start, iterations, knee, solver, scale))
+
+        def stored(name: str, run: Callable[[], tuple[list[float], Outcome]]) -> tuple[list[float], Outcome]:
+            """Fit `name` from the checkpoint, or `run()` now and saved there."""
             nonlocal saved
             done = store.get(name) if store else None
             if done is not None:
@@ -357,7 +354,7 @@ def fit(rows: Sequence[FitRow], *, folds: int = 5, jobs: int = 2, only: Sequence
                     progress(f"{name}: taken from {checkpoint}")
                 return done.values, done.outcome
             before = ev.simulations
-            values, outcome = fit_rows(ev, idx, start, iterations, knee, solver, scale)
+            values, outcome = run()
             if store:
                 store.save(name, SavedFit(values, outcome, ev.simulations - before))
             return values, outcome

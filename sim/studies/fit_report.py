@@ -30,6 +30,11 @@ def engine_label(s: Scenario) -> str:
     return str(s.engine)
 
 
+def shards_parameters(engine: str) -> bool:
+    """Whether an `engine_label` shards the parameters (ZeRO-3, with or without offload; FSDP2)."""
+    return engine.startswith("deepspeed z3") or engine == "fsdp2"
+
+
 def table(rows: Sequence[FitRow], result: FitResult) -> pd.DataFrame:
     """One row per measurement: its layout, the published step, in-sample and
     cross-validated predictions and errors (NaN where not simulated)."""
@@ -60,7 +65,7 @@ def summary(df: pd.DataFrame) -> dict[str, dict[str, dict[str, float]]]:
     """Statistics in-sample and cross-validated, overall, ZeRO-3 / FSDP2 (sharded
     parameters) against the rest, and per engine."""
     groups: dict[str, pd.Series] = {"all": pd.Series(True, index=df.index)}
-    sharded = df["engine"].str.startswith("deepspeed z3") | (df["engine"] == "fsdp2")
+    sharded = df["engine"].map(shards_parameters).astype(bool)
     groups["zero-3 / fsdp2"] = sharded
     groups["other"] = ~sharded
     for engine in sorted(df["engine"].unique()):
