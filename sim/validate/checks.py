@@ -19,7 +19,7 @@ _CUDA = re.compile(r"^cuda(:(\d+))?$")
 
 
 def check_calibrate_args(args: argparse.Namespace) -> None:
-    """calibrate: --worlds, --max-size-MiB, --device, --peak-TFLOPS, --out, --timeout, --log."""
+    """calibrate: --worlds, --max-size-MiB, --device, --peak-TFLOPS, --check, --sustain-s, --out, --timeout, --log."""
     _worlds(args.worlds)
     low, high = MAX_SIZE_MIB
     if not (math.isfinite(args.max_size_MiB) and low <= args.max_size_MiB <= high):
@@ -31,6 +31,10 @@ def check_calibrate_args(args: argparse.Namespace) -> None:
         if args.device is None:
             raise InputError("command line", "--peak-TFLOPS", "only with --device (the device's dense peak)")
         _positive("--peak-TFLOPS", args.peak_TFLOPS)
+    if args.check and args.device is None:
+        raise InputError("command line", "--check", "only with --device (the device to check)")
+    if not (math.isfinite(args.sustain_s) and 1.0 <= args.sustain_s <= 120.0):
+        raise InputError("command line", "--sustain-s", f"got {args.sustain_s:g}; allowed: 1 to 120 seconds")
     _folder("--out", Path(args.out))
     _common(args)
 

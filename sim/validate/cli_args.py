@@ -23,6 +23,13 @@ def add_calibrate_args(cal: argparse.ArgumentParser) -> None:
     cal.add_argument("--device", help="instead: measure one device (cpu, cuda or cuda:N): GEMM efficiency "
                                       "by shape, H2D/D2H pinned and pageable, CPU Adam")
     cal.add_argument("--peak-TFLOPS", type=float, help="with --device: the dense peak to compute efficiency")
+    cal.add_argument("--check", action="store_true",
+                     help="with --device: also the device check (GEMM shape sweep, sustained GEMM with clocks, "
+                          "attention by sequence length, memory-bound kernels, launch gaps, plain / FSDP2 / "
+                          "ZeRO-3 steps of a small Llama; about 3 minutes on an H100; tiny sizes on a CPU, which "
+                          "tests the path), into device-check-DEV.json")
+    cal.add_argument("--sustain-s", type=float, default=30.0,
+                     help="with --check: seconds of back-to-back GEMMs for the sustained rate (default 30)")
     _add_run_args(cal)
 
 

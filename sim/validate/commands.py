@@ -141,7 +141,8 @@ def _validate_hf(world: int, accum: int, out: TextIO) -> int:
 
 
 def _calibrate_device(args: argparse.Namespace, out: TextIO) -> int:
-    """One device: GEMM efficiency by shape, H2D / D2H bandwidth, CPU Adam (docs/validation.md)."""
+    """One device: GEMM efficiency by shape, H2D / D2H bandwidth, CPU Adam, and with --check the device
+    check (docs/validation.md)."""
     import json
 
     from sim.validate.measure import measure_device
@@ -159,4 +160,20 @@ def _calibrate_device(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{name}: {rate / 1e9:.1f} GB/s", file=out)
     for name, rate in result["adam"].items():
         print(f"{name}: {rate if isinstance(rate, str) else f'{rate / 1e9:.2f} G params/s'}", file=out)
+    if args.check:
+        _device_check(args, folder, out)
     return 0
+
+
+def _device_check(args: argparse.Namespace, folder: Path, out: TextIO) -> None:
+    """The issue's device check (sim.validate.device_check), its JSON, and a summary."""
+    import json
+
+    from sim.validate.device_check import device_check, summary_lines
+    result = device_check(args.device, quick=args.device == "cpu", sustain_s=args.sustain_s,
+                          log=lambda what: print(f"check: {what}", file=out))
+    path = folder / f"device-check-{args.device.replace(':', '')}.json"
+    path.write_text(json.dumps(result, indent=2))
+    for line in summary_lines(result):
+        print(line, file=out)
+    print(f"device check: {path} ({result['seconds']:.0f} s)", file=out)

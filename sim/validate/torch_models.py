@@ -37,7 +37,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
 
     def forward(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        angles = torch.outer(torch.arange(seq_len, dtype=self.inv_freq.dtype), self.inv_freq)
+        angles = torch.outer(torch.arange(seq_len, dtype=self.inv_freq.dtype, device=self.inv_freq.device), self.inv_freq)
         emb = torch.cat((angles, angles), dim=-1)
         return emb.cos(), emb.sin()
 

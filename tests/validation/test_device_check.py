@@ -1,0 +1,74 @@
+"""The issue's device check (sim.validate.device_check) at its CPU sizes: every section
+runs and yields rates a report can use; the FLOP counts it divides by are the kernel model's."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.validate import device_check as dc
+
+
+@pytest.fixture(scope="module")
+def checked():
+    return dc.device_check("cpu", quick=True)
+
+
+def test_every_section_measures(checked):
+    assert [r["label"] for r in checked["gemm"]][:2] == ["issue", "issue"]
+    assert all(r["flops"] > 0 and r["seconds"] > 0 for r in checked["gemm"])
+    assert checked["sustained"] and all(w["flops"] > 0 for w in checked["sustained"])
+    math_rows = [r for r in checked["attention"] if r["backend"] == "math"]
+    assert [r["seq"] for r in math_rows] == [64, 128] and all(r["forward_flops"] > 0 for r in math_rows)
+    assert set(checked["memory"]) == {"copy_Bps", "add_Bps", "layernorm_Bps"}
+    assert all(v > 0 for v in checked["memory"].values())
+    assert 0 < checked["launch"]["eager_s"] < 1e-3 and "graph_s" not in checked["launch"]   # no graphs on a CPU
+    steps = checked["steps"]
+    assert steps["plain_s"] > 0 and steps["fsdp2_s"] > 0, steps     # FSDP2 on a one-process gloo group
+    assert "deepspeed_zero3_s" not in steps                          # not asked for at quick sizes
+    assert checked["errors"] == {}
+
+
+def test_a_failing_section_is_recorded_and_the_rest_still_run(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no such kernel here")
+    monkeypatch.setattr(dc, "memory_bound", broken)
+    r = dc.device_check("cpu", quick=True)
+    assert r["errors"] == {"memory": "RuntimeError: no such kernel here"} and "memory" not in r
+    assert r["launch"]["eager_s"] > 0 and r["steps"]["plain_s"] > 0
+    assert "memory failed: RuntimeError: no such kernel here" in dc.summary_lines(r)
+
+
+def test_summary_names_each_section(checked):
+    text = "\n".join(dc.summary_lines(checked))
+    for words in ("GEMM issue", "sustained GEMM over", "attention math seq 128", "memory-bound: copy",
+                  "per tiny kernel: eager", "step, 2 layers x 64, 2 x 32 tokens: plain"):
+        assert words in text
+
+
+def test_the_issue_shapes_and_the_model_gemms():
+    assert dc.ISSUE_SHAPES == [(8192, 8192, 8192), (512, 4096, 4096)]
+    shapes = {label: (m, k, n) for label, m, k, n in dc.model_shapes()}
+    assert shapes["MPT-13B mb2 up"] == (4096, 5120, 20480) and shapes["Llama-3.1-8B mb2 down"] == (16384, 14336, 4096)
+
+
+def test_attention_flops_are_the_causal_half():
+    forward, backward = dc.attention_flops(batch_heads=2, seq=1024, head_dim=128)
+    assert forward == 2 * 2 * (2 * 1024 * 1024 * 128) / 2      # QK^T and PV, half under the mask
+    assert backward == 2.5 * forward
+
+
+def test_report_compares_each_section_with_the_model(checked, tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    path = tmp_path / "device-check-cpu.json"
+    path.write_text(json.dumps(checked))
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, str(root / "bench" / "device_report.py"), str(path)],
+                         capture_output=True, text=True, cwd=root, timeout=120)
+    assert run.returncode == 0, run.stderr
+    for words in ("against dgx-h100 (H100-SXM5-80GB)", "GEMMs: median |error|", "sustained GEMM, ",
+                  "memory-bound: copy", "per tiny kernel: eager", "steps (zerosim run on one GPU of dgx-h100)"):
+        assert words in run.stdout, run.stdout
+    assert "fsdp2" in run.stdout.split("steps (zerosim run")[1]     # the FSDP2 step, measured and simulated
