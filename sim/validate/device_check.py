@@ -31,7 +31,6 @@ machine"). Every section is plain torch; DeepSpeed only where it is installed.
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,6 +39,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from sim.validate.measure import synced_median
 
 ISSUE_SHAPES = [(8192, 8192, 8192), (512, 4096, 4096)]
 # (tokens per micro-batch, hidden, ffn) of published rows' models; each gives its block's GEMMs
@@ -67,21 +68,6 @@ def synchronizer(device: str) -> Callable[[], None]:
     return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
 
-def timed(fn: Callable[[], Any], device: str, reps: int = 10, warmup: int = 3) -> float:
-    """Median seconds of fn() on `device`, synchronised around each call."""
-    sync = synchronizer(device)
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def _dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
@@ -92,7 +78,7 @@ def gemm_sweep(device: str, shapes: list[tuple[str, int, int, int]], reps: int =
     for label, m, k, n in shapes:
         a = torch.randn(m, k, device=device, dtype=_dtype(device))
         b = torch.randn(k, n, device=device, dtype=_dtype(device))
-        seconds = timed(lambda: a @ b, device, reps)
+        seconds = synced_median(lambda: a @ b, device, reps)
         rows.append({"label": label, "shape": [m, k, n], "seconds": seconds, "flops": 2.0 * m * k * n / seconds})
     return rows
 
@@ -171,8 +157,8 @@ def attention_sweep(device: str, sequences: tuple[int, ...], tokens: int = 16384
             row: dict[str, Any] = {"backend": name, "seq": seq, "batch": batch, "heads": heads, "head_dim": head_dim}
             try:
                 with sdpa_kernel(backend):
-                    forward = timed(lambda: sdpa(q, k, v, is_causal=True), device, reps)
-                    both = timed(lambda: torch.autograd.grad(sdpa(q, k, v, is_causal=True), (q, k, v), grad),
+                    forward = synced_median(lambda: sdpa(q, k, v, is_causal=True), device, reps)
+                    both = synced_median(lambda: torch.autograd.grad(sdpa(q, k, v, is_causal=True), (q, k, v), grad),
                                  device, reps)
             except (RuntimeError, NotImplementedError) as error:   # no kernel for this shape here
                 rows.append({**row, "error": str(error).splitlines()[0][:200]})
@@ -194,9 +180,9 @@ def memory_bound(device: str, elements: int, hidden: int = 4096, reps: int = 10)
     rows = x.view(-1, hidden) if elements % hidden == 0 else x.view(1, -1)
     norm = nn.LayerNorm(rows.shape[-1], device=device, dtype=dtype)
     with torch.no_grad():
-        return {"copy_Bps": 2 * elements * size / timed(lambda: y.copy_(x), device, reps),
-                "add_Bps": 3 * elements * size / timed(lambda: torch.add(x, x, out=y), device, reps),
-                "layernorm_Bps": 2 * elements * size / timed(lambda: norm(rows), device, reps)}
+        return {"copy_Bps": 2 * elements * size / synced_median(lambda: y.copy_(x), device, reps),
+                "add_Bps": 3 * elements * size / synced_median(lambda: torch.add(x, x, out=y), device, reps),
+                "layernorm_Bps": 2 * elements * size / synced_median(lambda: norm(rows), device, reps)}
 
 
 def launch_gap(device: str, kernels: int = 1000) -> dict[str, float]:
@@ -208,7 +194,7 @@ def launch_gap(device: str, kernels: int = 1000) -> dict[str, float]:
     def chain() -> None:
         for _ in range(kernels):
             x.add_(1.0)
-    out = {"eager_s": timed(chain, device, reps=5) / kernels}
+    out = {"eager_s": synced_median(chain, device, reps=5) / kernels}
     if device.startswith("cuda"):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -218,7 +204,7 @@ def launch_gap(device: str, kernels: int = 1000) -> dict[str, float]:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             chain()
-        out["graph_s"] = timed(graph.replay, device, reps=5) / kernels
+        out["graph_s"] = synced_median(graph.replay, device, reps=5) / kernels
     return out
 
 
@@ -274,7 +260,7 @@ def engine_steps(device: str, model_table: dict[str, int], seq_len: int, micro_b
         return step
 
     out: dict[str, Any] = {"model": model_table, "seq_len": seq_len, "micro_batch": micro_batch,
-                           "plain_s": timed(torch_step(fresh()), device, reps, warmup=2)}
+                           "plain_s": synced_median(torch_step(fresh()), device, reps, warmup=2)}
     _process_group(device)
     try:
         from torch.distributed.fsdp import fully_shard
@@ -282,7 +268,7 @@ def engine_steps(device: str, model_table: dict[str, int], seq_len: int, micro_b
         for block in getattr(model, "model").layers:
             fully_shard(block)
         fully_shard(model)
-        out["fsdp2_s"] = timed(torch_step(model), device, reps, warmup=2)
+        out["fsdp2_s"] = synced_median(torch_step(model), device, reps, warmup=2)
     except Exception as error:   # recorded, not fatal: the other sections still count
         out["fsdp2_error"] = f"{type(error).__name__}: {str(error)[:200]}"
     if not deepspeed_too:
@@ -293,7 +279,7 @@ def engine_steps(device: str, model_table: dict[str, int], seq_len: int, micro_b
         def ds_step() -> None:
             engine.backward(loss_of(engine))
             engine.step()
-        out["deepspeed_zero3_s"] = timed(ds_step, device, reps, warmup=2)
+        out["deepspeed_zero3_s"] = synced_median(ds_step, device, reps, warmup=2)
     except Exception as error:
         out["deepspeed_zero3_error"] = f"{type(error).__name__}: {str(error)[:200]}"
     return out

@@ -176,10 +176,11 @@ def _interference(a: torch.Tensor, b: torch.Tensor, nbytes: int = 2**26) -> floa
     return min(MAX_INTERFERENCE, max(0.0, alone / beside - 1.0)) if beside > 0 else MAX_INTERFERENCE
 
 
-def _synced(fn: Any, device: str, reps: int = 10) -> float:
-    """Median seconds of fn() on `device`, synchronising a CUDA device around each call."""
+def synced_median(fn: Any, device: str, reps: int = 10, warmup: int = 3) -> float:
+    """Median seconds of fn() on `device` over `reps` calls after `warmup`, synchronising a
+    CUDA device around each call."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    for _ in range(3):
+    for _ in range(warmup):
         fn()
     sync()
     times = []
@@ -207,7 +208,7 @@ def measure_device(device: str, shapes: list[tuple[int, int, int]], peak_flops: 
     for tokens, inp, out in shapes:
         a = torch.randn(tokens, inp, device=device, dtype=dtype)
         b = torch.randn(inp, out, device=device, dtype=dtype)
-        rate = 2.0 * tokens * inp * out / _synced(lambda: a @ b, device)
+        rate = 2.0 * tokens * inp * out / synced_median(lambda: a @ b, device)
         gemm.append({"shape": [tokens, inp, out], "flops": rate,
                      "efficiency": rate / peak_flops if peak_flops else None})
     copies = {}
@@ -217,13 +218,13 @@ def measure_device(device: str, shapes: list[tuple[int, int, int]], peak_flops: 
         for pinned in (True, False):
             host = torch.empty(n, pin_memory=pinned)
             name = "pinned" if pinned else "pageable"
-            copies[f"h2d_{name}"] = 4 * n / _synced(lambda: gpu.copy_(host, non_blocking=pinned), device)
-            copies[f"d2h_{name}"] = 4 * n / _synced(lambda: host.copy_(gpu, non_blocking=pinned), device)
+            copies[f"h2d_{name}"] = 4 * n / synced_median(lambda: gpu.copy_(host, non_blocking=pinned), device)
+            copies[f"d2h_{name}"] = 4 * n / synced_median(lambda: host.copy_(gpu, non_blocking=pinned), device)
     adam: dict[str, Any] = {}
     params = torch.nn.Parameter(torch.randn(adam_params))
     params.grad = torch.randn(adam_params)
     torch_adam = torch.optim.Adam([params], lr=1e-3)
-    adam["torch_adam_params_per_s"] = adam_params / _synced(torch_adam.step, "cpu", 5)
+    adam["torch_adam_params_per_s"] = adam_params / synced_median(torch_adam.step, "cpu", 5)
     if not deepspeed_adam:
         adam["deepspeed_cpu_adam"] = "not measured: not asked for"
         return {"device": device, "gemm": gemm, "copies": copies, "adam": adam}
@@ -233,7 +234,7 @@ def measure_device(device: str, shapes: list[tuple[int, int, int]], peak_flops: 
     try:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
         ds_adam = DeepSpeedCPUAdam([params], lr=1e-3)
-        adam["deepspeed_cpu_adam_params_per_s"] = adam_params / _synced(ds_adam.step, "cpu", 5)
+        adam["deepspeed_cpu_adam_params_per_s"] = adam_params / synced_median(ds_adam.step, "cpu", 5)
     except Exception as error:  # not installed, or its C++ extension cannot build here
         adam["deepspeed_cpu_adam"] = f"not measured: {type(error).__name__}"
     return {"device": device, "gemm": gemm, "copies": copies, "adam": adam}
