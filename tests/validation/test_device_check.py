@@ -72,3 +72,23 @@ def test_report_compares_each_section_with_the_model(checked, tmp_path):
                   "memory-bound: copy", "per tiny kernel: eager", "steps (zerosim run on one GPU of dgx-h100)"):
         assert words in run.stdout, run.stdout
     assert "fsdp2" in run.stdout.split("steps (zerosim run")[1]     # the FSDP2 step, measured and simulated
+
+
+def test_calibrate_check_writes_both_files_and_a_summary(monkeypatch, capfd, tmp_path):
+    """The command's plumbing (`zerosim calibrate --device cpu --check`): the plain device
+    measurement (its CPU GEMMs cut to one small shape here: they take minutes at their
+    Llama-70B sizes), then the check at its CPU sizes, each into its JSON."""
+    import json
+
+    from sim import cli
+    from sim.validate import measure
+    real = measure.measure_device
+    monkeypatch.setattr(measure, "measure_device", lambda device, shapes, peak: real(
+        device, [(64, 64, 64)], peak, adam_params=2**16, deepspeed_adam=False))
+    rc = cli.main(["calibrate", "--device", "cpu", "--check", "--sustain-s", "1", "--out", str(tmp_path),
+                   "--log", str(tmp_path / "log.txt")])
+    out = capfd.readouterr().out      # the command's lines go to the terminal's descriptor
+    assert rc == 0, out
+    check = json.loads((tmp_path / "device-check-cpu.json").read_text())
+    assert (tmp_path / "device-cpu.json").exists() and check["errors"] == {}
+    assert "GEMM issue [128, 128, 128]" in out and f"device check: {tmp_path / 'device-check-cpu.json'}" in out
