@@ -12,7 +12,7 @@ import contextlib
 import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from sim.core.errors import InputError
 from sim.validate.build_locks import check_build_locks
@@ -149,7 +149,8 @@ def _calibrate_device(args: argparse.Namespace, out: TextIO) -> int:
     h, f = 8192, 28672   # Llama-2-70B-like GEMMs at 4K tokens, and a small one
     shapes = [(4096, h, h), (4096, h, f), (4096, f, h), (4096, h, 1024), (512, 1024, 1024)]
     peak = args.peak_TFLOPS * 1e12 if args.peak_TFLOPS else None
-    result = measure_device(args.device, shapes, peak)
+    # with --check, no DeepSpeedCPUAdam: its just-in-time C++ build takes a minute of a lent GPU's few
+    result = measure_device(args.device, shapes, peak, deepspeed_adam=not args.check)
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"device-{args.device.replace(':', '')}.json").write_text(json.dumps(result, indent=2))
@@ -170,10 +171,13 @@ def _device_check(args: argparse.Namespace, folder: Path, out: TextIO) -> None:
     import json
 
     from sim.validate.device_check import device_check, summary_lines
-    result = device_check(args.device, quick=args.device == "cpu", sustain_s=args.sustain_s,
-                          log=lambda what: print(f"check: {what}", file=out))
     path = folder / f"device-check-{args.device.replace(':', '')}.json"
-    path.write_text(json.dumps(result, indent=2))
+
+    def save(partial: dict[str, Any]) -> None:
+        path.write_text(json.dumps(partial, indent=2))
+    result = device_check(args.device, quick=args.device == "cpu", sustain_s=args.sustain_s,
+                          log=lambda what: print(f"check: {what}", file=out, flush=True),
+                          save=save)
     for line in summary_lines(result):
         print(line, file=out)
     print(f"device check: {path} ({result['seconds']:.0f} s)", file=out)

@@ -72,13 +72,26 @@ def _dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
+def per_call(fn: Callable[[], Any], device: str, reps: int = 10, sample_s: float = 5e-3) -> float:
+    """Median seconds per call of fn(), timing enough calls between two synchronisations
+    that each sample lasts about `sample_s`: a 30 us kernel timed alone would carry the
+    launch and the synchronisation (10-15 us on a GPU) as if they were its own."""
+    one = synced_median(fn, device, reps=3, warmup=2)
+    inner = max(1, min(100, round(sample_s / max(one, 1e-7))))
+
+    def calls() -> None:
+        for _ in range(inner):
+            fn()
+    return synced_median(calls, device, reps, warmup=1) / inner
+
+
 def gemm_sweep(device: str, shapes: list[tuple[str, int, int, int]], reps: int = 10) -> list[dict[str, Any]]:
     """FLOP/s of each labelled (m, k, n) GEMM, random data, `reps` timed calls."""
     rows = []
     for label, m, k, n in shapes:
         a = torch.randn(m, k, device=device, dtype=_dtype(device))
         b = torch.randn(k, n, device=device, dtype=_dtype(device))
-        seconds = synced_median(lambda: a @ b, device, reps)
+        seconds = per_call(lambda: a @ b, device, reps)
         rows.append({"label": label, "shape": [m, k, n], "seconds": seconds, "flops": 2.0 * m * k * n / seconds})
     return rows
 
@@ -93,10 +106,19 @@ def nvml_probe() -> Callable[[], dict[str, float]]:
     except Exception:
         return lambda: {}
 
-    def read() -> dict[str, float]:
-        return {"sm_clock_MHz": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
-                "power_W": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
-                "temperature_C": float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))}
+    fields: dict[str, Callable[[], float]] = {
+        "sm_clock_MHz": lambda: float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)),
+        "power_W": lambda: pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,          # mW
+        "temperature_C": lambda: float(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))}
+
+    def read() -> dict[str, float]:     # a field this GPU or VM does not report is left out
+        out = {}
+        for name, get in fields.items():
+            try:
+                out[name] = get()
+            except Exception:
+                continue
+        return out
     return read
 
 
@@ -157,9 +179,9 @@ def attention_sweep(device: str, sequences: tuple[int, ...], tokens: int = 16384
             row: dict[str, Any] = {"backend": name, "seq": seq, "batch": batch, "heads": heads, "head_dim": head_dim}
             try:
                 with sdpa_kernel(backend):
-                    forward = synced_median(lambda: sdpa(q, k, v, is_causal=True), device, reps)
-                    both = synced_median(lambda: torch.autograd.grad(sdpa(q, k, v, is_causal=True), (q, k, v), grad),
-                                 device, reps)
+                    forward = per_call(lambda: sdpa(q, k, v, is_causal=True), device, reps)
+                    both = per_call(lambda: torch.autograd.grad(sdpa(q, k, v, is_causal=True), (q, k, v), grad),
+                                    device, reps)
             except (RuntimeError, NotImplementedError) as error:   # no kernel for this shape here
                 rows.append({**row, "error": str(error).splitlines()[0][:200]})
                 continue
@@ -176,12 +198,12 @@ def memory_bound(device: str, elements: int, hidden: int = 4096, reps: int = 10)
     dtype = _dtype(device)
     size = torch.finfo(dtype).bits // 8
     x = torch.randn(elements, device=device, dtype=dtype)
-    y = torch.empty_like(x)
+    y, z = torch.empty_like(x), torch.randn_like(x)     # x + z: two buffers read (x + x reads one)
     rows = x.view(-1, hidden) if elements % hidden == 0 else x.view(1, -1)
     norm = nn.LayerNorm(rows.shape[-1], device=device, dtype=dtype)
     with torch.no_grad():
         return {"copy_Bps": 2 * elements * size / synced_median(lambda: y.copy_(x), device, reps),
-                "add_Bps": 3 * elements * size / synced_median(lambda: torch.add(x, x, out=y), device, reps),
+                "add_Bps": 3 * elements * size / synced_median(lambda: torch.add(x, z, out=y), device, reps),
                 "layernorm_Bps": 2 * elements * size / synced_median(lambda: norm(rows), device, reps)}
 
 
@@ -242,7 +264,7 @@ def engine_steps(device: str, model_table: dict[str, int], seq_len: int, micro_b
     spec = model_from_table(model_table, "device check", "model.")
     tokens = torch.randint(0, spec.vocab, (micro_batch, seq_len + 1), device=device)
 
-    def fresh() -> nn.Module:
+    def fresh() -> nn.Module:      # the rotary buffers go to bf16 too: coarser positions, the same kernels
         torch.manual_seed(0)
         return LlamaLike(spec).to(device=device, dtype=_dtype(device))
 
@@ -273,7 +295,8 @@ def engine_steps(device: str, model_table: dict[str, int], seq_len: int, micro_b
         out["fsdp2_error"] = f"{type(error).__name__}: {str(error)[:200]}"
     if not deepspeed_too:
         return out
-    try:
+    linear = nn.functional.linear     # ZeRO-3's Init replaces it process-wide (partition_parameters.py
+    try:                              # `_enable_mem_efficient_linear`); later plain steps must not see that
         engine = _deepspeed_engine(fresh(), micro_batch, device)
 
         def ds_step() -> None:
@@ -282,15 +305,22 @@ def engine_steps(device: str, model_table: dict[str, int], seq_len: int, micro_b
         out["deepspeed_zero3_s"] = synced_median(ds_step, device, reps, warmup=2)
     except Exception as error:
         out["deepspeed_zero3_error"] = f"{type(error).__name__}: {str(error)[:200]}"
+    finally:
+        nn.functional.linear = linear
     return out
 
 
 def device_check(device: str, *, quick: bool = False, sustain_s: float = 30.0,
-                 log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+                 log: Callable[[str], None] = lambda _: None,
+                 save: Callable[[dict[str, Any]], None] = lambda _: None) -> dict[str, Any]:
     """Every section on `device`; `quick`: tiny sizes (a CPU, the tests). A section that
-    fails is recorded under "errors" and the others still run: a lent GPU's minutes are
-    few, and one section's failure must not lose the rest."""
+    fails is recorded under "errors" and the others still run, and `save` gets the result
+    after each section: a lent GPU's minutes are few, and neither one section's failure
+    nor a run cut off at its time limit must lose the rest. Attention runs last: a kernel
+    that faults leaves the CUDA context unusable for whatever follows."""
     started = time.time()
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
     shapes = [("issue", *s) for s in ISSUE_SHAPES] + model_shapes()
     if quick:
         shapes = [(label, max(1, m // 64), max(1, k // 64), max(1, n // 64)) for label, m, k, n in shapes[:4]]
@@ -299,23 +329,27 @@ def device_check(device: str, *, quick: bool = False, sustain_s: float = 30.0,
         ("gemm", lambda: gemm_sweep(device, shapes, reps=3 if quick else 10)),
         ("sustained", lambda: sustained_gemm(device, 0.2 if quick else sustain_s, 0.1 if quick else 1.0,
                                              n=128 if quick else 8192, probe=nvml_probe())),
-        ("attention", lambda: attention_sweep(device, (64, 128) if quick else SEQUENCES,
-                                              tokens=256 if quick else 16384, heads=2 if quick else 16,
-                                              head_dim=16 if quick else 128, reps=2 if quick else 5)),
         ("memory", lambda: memory_bound(device, 2**16 if quick else 2**28, hidden=256 if quick else 4096)),
         ("launch", lambda: launch_gap(device, 50 if quick else 1000)),
     ] + [(key, _steps_of(device, model, seq_len, micro_batch, quick))
-         for key, (model, seq_len, micro_batch) in steps.items()]
+         for key, (model, seq_len, micro_batch) in steps.items()] + [
+        ("attention", lambda: attention_sweep(device, (64, 128) if quick else SEQUENCES,
+                                              tokens=256 if quick else 16384, heads=2 if quick else 16,
+                                              head_dim=16 if quick else 128, reps=2 if quick else 5))]
     result: dict[str, Any] = {"device": device, "torch": torch.__version__,
                               "name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
-                              "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)), "errors": {}}
+                              "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)), "seconds": 0.0,
+                              "errors": {}}
     for key, measure in sections:
         log(key.replace("_", " "))
         try:
             result[key] = measure()
         except Exception as error:
             result["errors"][key] = f"{type(error).__name__}: {str(error)[:300]}"
-    result["seconds"] = time.time() - started
+        result["seconds"] = time.time() - started
+        save(result)
+    if dist.is_initialized():
+        dist.destroy_process_group()
     return result
 
 

@@ -32,8 +32,10 @@ def test_a_failing_section_is_recorded_and_the_rest_still_run(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("no such kernel here")
     monkeypatch.setattr(dc, "memory_bound", broken)
-    r = dc.device_check("cpu", quick=True)
+    saved = []
+    r = dc.device_check("cpu", quick=True, save=lambda partial: saved.append(sorted(partial)))
     assert r["errors"] == {"memory": "RuntimeError: no such kernel here"} and "memory" not in r
+    assert len(saved) == 6 and "gemm" in saved[0] and "launch" not in saved[0]   # saved after each section
     assert r["launch"]["eager_s"] > 0 and r["steps"]["plain_s"] > 0
     assert "memory failed: RuntimeError: no such kernel here" in dc.summary_lines(r)
 
@@ -83,12 +85,14 @@ def test_calibrate_check_writes_both_files_and_a_summary(monkeypatch, capfd, tmp
     from sim import cli
     from sim.validate import measure
     real = measure.measure_device
-    monkeypatch.setattr(measure, "measure_device", lambda device, shapes, peak: real(
-        device, [(64, 64, 64)], peak, adam_params=2**16, deepspeed_adam=False))
+    monkeypatch.setattr(measure, "measure_device", lambda device, shapes, peak, deepspeed_adam: real(
+        device, [(64, 64, 64)], peak, adam_params=2**16, deepspeed_adam=deepspeed_adam))
     rc = cli.main(["calibrate", "--device", "cpu", "--check", "--sustain-s", "1", "--out", str(tmp_path),
                    "--log", str(tmp_path / "log.txt")])
     out = capfd.readouterr().out      # the command's lines go to the terminal's descriptor
     assert rc == 0, out
     check = json.loads((tmp_path / "device-check-cpu.json").read_text())
-    assert (tmp_path / "device-cpu.json").exists() and check["errors"] == {}
+    assert check["errors"] == {} and list(check)[-1] == "attention"           # attention last
+    plain = json.loads((tmp_path / "device-cpu.json").read_text())
+    assert plain["adam"]["deepspeed_cpu_adam"] == "not measured: not asked for"   # no JIT build with --check
     assert "GEMM issue [128, 128, 128]" in out and f"device check: {tmp_path / 'device-check-cpu.json'}" in out
