@@ -156,12 +156,15 @@ class Evaluator:
         self.progress = progress
         self.simulations = 0
         self._pool: mp.pool.Pool | None = None
+        self._ops: list[int] = []    # planned ops per row, all variants: what a simulation of it costs
 
     def __enter__(self) -> Evaluator:
         global _ROWS
         _ROWS = self.rows
         _PLANS.clear()
         _PLANS.update((i, [_plan(s) for s in r.variants]) for i, r in enumerate(self.rows))
+        self._ops = [sum(len(ops) for p in _PLANS[i] if p is not None for c in p.classes for ops in c.streams.values())
+                     for i in range(len(self.rows))]
         if self.jobs > 1:
             self._pool = mp.get_context("fork").Pool(self.jobs)
         return self
@@ -188,8 +191,12 @@ class Evaluator:
     def warm(self, idx: Sequence[int], xs: Sequence[Sequence[float]]) -> None:
         """Simulate, in one batch over the worker pool, every row of `idx` under each of
         `xs` that is not cached yet (a Jacobian's perturbed points: no worker waits for the
-        slowest row of one small group)."""
-        todo = sorted({k for x in xs for k in (self._key(i, x) for i in idx) if k not in self.cache})
+        slowest row of one small group). The rows with the most planned ops go first, so
+        that the pool's last simulations are short ones (longest processing time first,
+        Graham 1969: no worker sits idle while another finishes a long row); each result
+        is cached by its key, so the order changes nothing else."""
+        todo = sorted({k for x in xs for k in (self._key(i, x) for i in idx) if k not in self.cache},
+                      key=lambda k: (-self._ops[k[0]], k))
         jobs = [(i, tuple(self.params[j] for j in self.deps[i]), vals) for i, vals in todo]
         done = self._pool.map(_simulate, jobs, chunksize=1) if self._pool else [_simulate(j) for j in jobs]
         self.cache.update(zip(todo, (t for t, _ in done), strict=True))
