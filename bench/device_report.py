@@ -13,7 +13,10 @@ prints, section by section, what was measured beside what the simulator takes:
 - launches: the eager per-kernel time against the host's `launch_us`, the CUDA-graph gap
   against the GPU's `kernel_overhead_us`;
 - steps: the measured small-Llama steps (plain, FSDP2, ZeRO-3) against `zerosim run` of
-  the same model on one GPU of the cluster. The plain step is simulated as DDP on one GPU
+  the same model on one GPU of the cluster, and for a wrapped step its extra time over the
+  plain one per hook call the planner counts (`Op.hooks`): on the host-bound run, an upper
+  bound on `fsdp2_hook_us` / `zero3_hook_us` (it also holds the framework's extra kernels,
+  copies and collectives, which measure_hooks subtracts on the CPU runs). The plain step is simulated as DDP on one GPU
   (no gradient traffic); the check trains bf16 parameters with torch's Adam (FSDP2 and
   plain) and DeepSpeed's bf16 optimizer (fp32 master weights), the simulator mixed
   precision throughout, so the optimizer's share differs a little.
@@ -90,10 +93,13 @@ def step_table(check: dict[str, Any], cluster: str) -> pd.DataFrame:
             if engine == "deepspeed":
                 table["zero"] = {"stage": 3}
             result = simulate(scenario_from_table(table, Path("bench/device_report.py"), f"{key}-{engine}"))
+            hooks = sum(op.hooks for cls in result.schedule.classes for op in cls.ops())
+            extra = steps[field] - steps["plain_s"]
             rows.append({"run": key, "engine": engine, "measured_ms": 1e3 * steps[field],
                          "predicted_ms": 1e3 * result.step_time_s,
                          "error": result.step_time_s / steps[field] - 1,
-                         "exposed_host_ms": 1e3 * result.breakdown.exposed_host_s})
+                         "exposed_host_ms": 1e3 * result.breakdown.exposed_host_s, "hook_calls": hooks,
+                         "us_per_hook_at_most": 1e6 * extra / hooks if hooks else None})
     return pd.DataFrame(rows)
 
 
@@ -137,7 +143,8 @@ def main() -> None:
                  if "graph_s" in launch else ""))
     s = step_table(check, args.cluster)
     if len(s):
-        print(f"\nsteps (zerosim run on one GPU of {args.cluster}):\n{s.to_string(float_format='{:.3f}'.format)}")
+        print(f"\nsteps (zerosim run on one GPU of {args.cluster}; its fsdp2_hook_us {1e6 * host.fsdp2_hook:.0f}, "
+              f"zero3_hook_us {1e6 * host.zero3_hook:.0f}):\n{s.to_string(float_format='{:.3f}'.format)}")
 
 
 if __name__ == "__main__":

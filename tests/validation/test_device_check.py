@@ -71,7 +71,8 @@ def test_report_compares_each_section_with_the_model(checked, tmp_path):
                          capture_output=True, text=True, cwd=root, timeout=120)
     assert run.returncode == 0, run.stderr
     for words in ("against dgx-h100 (H100-SXM5-80GB)", "GEMMs: median |error|", "sustained GEMM, ",
-                  "memory-bound: copy", "per tiny kernel: eager", "steps (zerosim run on one GPU of dgx-h100)"):
+                  "memory-bound: copy", "per tiny kernel: eager", "steps (zerosim run on one GPU of dgx-h100;",
+                  "us_per_hook_at_most"):
         assert words in run.stdout, run.stdout
     assert "fsdp2" in run.stdout.split("steps (zerosim run")[1]     # the FSDP2 step, measured and simulated
 
