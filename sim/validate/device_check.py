@@ -202,9 +202,9 @@ def memory_bound(device: str, elements: int, hidden: int = 4096, reps: int = 10)
     rows = x.view(-1, hidden) if elements % hidden == 0 else x.view(1, -1)
     norm = nn.LayerNorm(rows.shape[-1], device=device, dtype=dtype)
     with torch.no_grad():
-        return {"copy_Bps": 2 * elements * size / synced_median(lambda: y.copy_(x), device, reps),
-                "add_Bps": 3 * elements * size / synced_median(lambda: torch.add(x, z, out=y), device, reps),
-                "layernorm_Bps": 2 * elements * size / synced_median(lambda: norm(rows), device, reps)}
+        return {"copy_Bps": 2 * elements * size / per_call(lambda: y.copy_(x), device, reps),
+                "add_Bps": 3 * elements * size / per_call(lambda: torch.add(x, z, out=y), device, reps),
+                "layernorm_Bps": 2 * elements * size / per_call(lambda: norm(rows), device, reps)}
 
 
 def launch_gap(device: str, kernels: int = 1000) -> dict[str, float]:
