@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from sim.validate.measure import synced_median
+from sim.validate.measure import synced_median, synchronizer, training_dtype
 
 ISSUE_SHAPES = [(8192, 8192, 8192), (512, 4096, 4096)]
 # (tokens per micro-batch, hidden, ffn) of published rows' models; each gives its block's GEMMs
@@ -64,14 +64,6 @@ def model_shapes() -> list[tuple[str, int, int, int]]:
     return out
 
 
-def synchronizer(device: str) -> Callable[[], None]:
-    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-
-
-def _dtype(device: str) -> torch.dtype:
-    return torch.bfloat16 if device.startswith("cuda") else torch.float32
-
-
 def per_call(fn: Callable[[], Any], device: str, reps: int = 10, sample_s: float = 5e-3) -> float:
     """Median seconds per call of fn(), timing enough calls between two synchronisations
     that each sample lasts about `sample_s`: a 30 us kernel timed alone would carry the
@@ -89,8 +81,8 @@ def gemm_sweep(device: str, shapes: list[tuple[str, int, int, int]], reps: int =
     """FLOP/s of each labelled (m, k, n) GEMM, random data, `reps` timed calls."""
     rows = []
     for label, m, k, n in shapes:
-        a = torch.randn(m, k, device=device, dtype=_dtype(device))
-        b = torch.randn(k, n, device=device, dtype=_dtype(device))
+        a = torch.randn(m, k, device=device, dtype=training_dtype(device))
+        b = torch.randn(k, n, device=device, dtype=training_dtype(device))
         seconds = per_call(lambda: a @ b, device, reps)
         rows.append({"label": label, "shape": [m, k, n], "seconds": seconds, "flops": 2.0 * m * k * n / seconds})
     return rows
@@ -128,8 +120,8 @@ def sustained_gemm(device: str, seconds: float, window: float = 1.0, n: int = 81
     reads at the window's end."""
     probe = probe or (lambda: {})
     sync = synchronizer(device)
-    a = torch.randn(n, n, device=device, dtype=_dtype(device))
-    b = torch.randn(n, n, device=device, dtype=_dtype(device))
+    a = torch.randn(n, n, device=device, dtype=training_dtype(device))
+    b = torch.randn(n, n, device=device, dtype=training_dtype(device))
     flops = 2.0 * n ** 3
     windows, begin = [], time.perf_counter()
     while time.perf_counter() - begin < seconds:
@@ -173,9 +165,9 @@ def attention_sweep(device: str, sequences: tuple[int, ...], tokens: int = 16384
             continue      # the math kernel is the CPU's; on a GPU the fused kernels
         for seq in sequences:
             batch = max(1, tokens // seq)
-            q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=_dtype(device),
+            q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device, dtype=training_dtype(device),
                                    requires_grad=True) for _ in range(3))
-            grad = torch.randn(batch, heads, seq, head_dim, device=device, dtype=_dtype(device))
+            grad = torch.randn(batch, heads, seq, head_dim, device=device, dtype=training_dtype(device))
             row: dict[str, Any] = {"backend": name, "seq": seq, "batch": batch, "heads": heads, "head_dim": head_dim}
             try:
                 with sdpa_kernel(backend):
@@ -195,7 +187,7 @@ def attention_sweep(device: str, sequences: tuple[int, ...], tokens: int = 16384
 def memory_bound(device: str, elements: int, hidden: int = 4096, reps: int = 10) -> dict[str, float]:
     """Bytes per second (read + written) of a copy, an add and a LayerNorm over `elements`
     values of the device's training dtype."""
-    dtype = _dtype(device)
+    dtype = training_dtype(device)
     size = torch.finfo(dtype).bits // 8
     x = torch.randn(elements, device=device, dtype=dtype)
     y, z = torch.empty_like(x), torch.randn_like(x)     # x + z: two buffers read (x + x reads one)
@@ -266,7 +258,7 @@ def engine_steps(device: str, model_table: dict[str, int], seq_len: int, micro_b
 
     def fresh() -> nn.Module:      # the rotary buffers go to bf16 too: coarser positions, the same kernels
         torch.manual_seed(0)
-        return LlamaLike(spec).to(device=device, dtype=_dtype(device))
+        return LlamaLike(spec).to(device=device, dtype=training_dtype(device))
 
     def loss_of(model: Any) -> torch.Tensor:
         logits = model(tokens[:, :-1])

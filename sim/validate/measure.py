@@ -176,10 +176,20 @@ def _interference(a: torch.Tensor, b: torch.Tensor, nbytes: int = 2**26) -> floa
     return min(MAX_INTERFERENCE, max(0.0, alone / beside - 1.0)) if beside > 0 else MAX_INTERFERENCE
 
 
+def synchronizer(device: str) -> Any:
+    """What waits for `device`'s queued work: CUDA's synchronize, nothing on a CPU."""
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
+def training_dtype(device: str) -> torch.dtype:
+    """The dtype GEMMs are measured in: bf16 on a GPU, fp32 on a CPU."""
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
 def synced_median(fn: Any, device: str, reps: int = 10, warmup: int = 3) -> float:
     """Median seconds of fn() on `device` over `reps` calls after `warmup`, synchronising a
     CUDA device around each call."""
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync = synchronizer(device)
     for _ in range(warmup):
         fn()
     sync()
@@ -203,7 +213,7 @@ def measure_device(device: str, shapes: list[tuple[int, int, int]], peak_flops: 
     minute on 2 cores the first time (then ~3 s to load); the rest takes about a second on
     the default sizes. A stale build lock (sim.validate.build_locks) would hang that build,
     so it is refused first."""
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    dtype = training_dtype(device)
     gemm = []
     for tokens, inp, out in shapes:
         a = torch.randn(tokens, inp, device=device, dtype=dtype)
