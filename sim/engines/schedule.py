@@ -207,10 +207,17 @@ class ClassSchedule:
     streams: dict[Stream, list[AnyOp]] = field(default_factory=dict)
     resident: list[Alloc] = field(default_factory=list)  # allocated before the step starts
     host: list[Alloc] = field(default_factory=list)      # held in host memory, per rank
+    # facts the engine derives from the ops alone (sim.des.class_plan), each kept with the
+    # shape of the streams it was derived from: a fit simulates one schedule many times
+    derived: dict[str, tuple[object, object]] = field(default_factory=dict, repr=False, compare=False)
 
     def ops(self) -> Iterator[AnyOp]:
         for stream in Stream:
             yield from self.streams.get(stream, [])
+
+    def shape(self) -> tuple[tuple[Stream, int, int], ...]:
+        """Each stream's length and the id of its last op: what appending ops changes."""
+        return tuple((stream, len(ops), ops[-1].id if ops else -1) for stream, ops in self.streams.items())
 
 
 @dataclass

@@ -85,3 +85,26 @@ def test_implied_dependencies_match_the_plain_definition(strategy):
     s = tiny(strategy, nodes=2, grad_accum=3)
     for cls in plan(s).classes:
         assert implied_deps(cls) == reference_implied(cls)
+
+
+def test_a_schedule_simulated_again_gives_the_same_times_and_reuses_what_its_ops_imply():
+    """The engine keeps what depends on the ops alone (`ClassSchedule.derived`), so a second
+    simulation of one planned schedule (a fit's next evaluation) reuses it and answers the
+    same; appending an op changes the streams' shape and the kept facts are derived anew."""
+    s = without_interference(tiny("fsdp2", nodes=2, grad_accum=2))
+    schedule = plan(s)
+    first = EventEngine(s, schedule, layout_of(s), Mode.REPRESENTATIVE)
+    first.run(1)
+    kept = {name: value for name, (_, value) in schedule.classes[0].derived.items()}
+    assert set(kept) == {"implied", "awaited"}
+    again = EventEngine(s, schedule, layout_of(s), Mode.REPRESENTATIVE)
+    again.run(1)
+    assert again.step_bounds == first.step_bounds
+    assert all(schedule.classes[0].derived[name][1] is value for name, value in kept.items())
+    cls = schedule.classes[0]
+    stream, ops = next((stream, ops) for stream, ops in cls.streams.items() if ops)
+    shape = cls.shape()
+    ops.append(ops[-1])
+    assert cls.shape() != shape
+    ops.pop()
+    assert cls.shape() == shape
