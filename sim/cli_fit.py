@@ -65,8 +65,8 @@ def add_fit_args(p: argparse.ArgumentParser) -> None:
                    "(host-software costs at their floors, fabrics and host CPUs at their ceilings) and keep the "
                    "start that ends at the lower loss on the fit's own rows (twice the time)")
     p.add_argument("--sweeps", type=int, default=0, help="after each trust-region fit, up to N rounds of coordinate "
-                   "sweeps (each free parameter tried at 5 points of its range, the lowest loss on the fit's own rows "
-                   "kept; default 0)")
+                   "sweeps (each free parameter tried at 5 points of its range; the lowest loss on the fit's own rows "
+                   "kept where it gains at least 0.1%%; default 0)")
     p.add_argument("--json", action="store_true", help="print statistics, parameters and rows as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 

@@ -18,6 +18,7 @@ import pandas as pd
 
 from sim.inputs.scenario import Scenario
 from sim.studies.fit import FitResult, FitRow
+from sim.studies.fit_sweep import SWEEP_MOVE_GAIN
 
 BEGIN, END = "<!-- zerosim fit: begin -->", "<!-- zerosim fit: end -->"
 
@@ -114,7 +115,8 @@ def starts_line(result: FitResult) -> str:
                  "host CPUs at their ceilings) and kept whichever ended at the lower loss on its own rows.")
     if result.sweeps:
         line += (f" Each kept fit then ran up to {result.sweeps} rounds of coordinate sweeps on its own rows "
-                 "(every free parameter tried at 5 points of its range, the lowest loss kept).")
+                 "(every free parameter tried at 5 points of its range, the lowest loss kept where it gains at least "
+                 f"{SWEEP_MOVE_GAIN:.1%}).")
     return line
 
 

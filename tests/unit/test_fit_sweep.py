@@ -73,3 +73,15 @@ def test_fit_with_sweeps_ends_no_higher_saves_them_and_says_so(tmp_path):
 def test_the_command_refuses_a_negative_sweep_count(capsys):
     assert main(["fit", "x.csv", "--sweeps", "-1"]) == 2
     assert "--sweeps" in capsys.readouterr().err
+
+
+def test_a_parameter_the_loss_hardly_sees_stays_where_the_fit_left_it():
+    """A gain below SWEEP_MOVE_GAIN (0.1%) of the loss does not move a parameter to a grid point
+    (a flat direction would otherwise choose a bound); a larger one does."""
+    def nearly_flat(x):
+        return 1.0 - 1e-4 * x[1] / 2000.0 + (0.0 if x[0] >= 0.95 else 0.01)
+    losses, _ = counted(nearly_flat)
+    x, _, best = coordinate_sweeps(losses, [0.7, 300.0], [A, HOOK], [0, 1], rounds=3)
+    assert x[1] == 300.0                       # 2,000 us would gain 0.0085%: kept at 300
+    assert x[0] == pytest.approx(0.95)         # a 1% gain: taken
+    assert best == pytest.approx(nearly_flat([0.95, 300.0]))
