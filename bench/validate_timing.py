@@ -10,7 +10,9 @@ profile. It prints every round's rows as they come, then per strategy the median
 the rounds and its range, drift-adjusted (each run re-measures the machine's GEMM rate and
 the profile's GEMMs are re-simulated at it; raw errors beside, and the whole step scaled by
 that rate as before 2026-12-07; sim.validate.timing says why one pass is not enough on a
-machine whose speed drifts). About 4.5 minutes per round for worlds 2 and 4. With --profile-dir it
+machine whose speed drifts), then each strategy's step over DDP's in the same round,
+measured and predicted (drift between rounds cancels). About 4.5 to 9 minutes per round
+for worlds 2 and 4 (9 on 2026-12-08). With --profile-dir it
 runs one pass against that profile instead. Not a test: it reports what it measures
 (docs/validation.md has a run).
 """
@@ -26,7 +28,15 @@ from typing import Any, TextIO
 
 from sim.validate.calibrate import calibrate
 from sim.validate.output import command_output
-from sim.validate.timing import TIMING_MODEL, TIMING_RUN, predicted_vs_measured, profile_for, summarise, timing_rounds
+from sim.validate.timing import (
+    TIMING_MODEL,
+    TIMING_RUN,
+    predicted_vs_measured,
+    profile_for,
+    relative_to,
+    summarise,
+    timing_rounds,
+)
 
 
 def calibrate_into(folder: Path, worlds: tuple[int, ...]) -> None:
@@ -64,6 +74,7 @@ def main() -> None:
             return
         rows = timing_rounds(args.rounds, worlds, calibrate_into, report=report)
         print_summary(out, summarise(rows), args.rounds)
+        print_ratios(out, relative_to(rows))
 
 
 def print_summary(out: TextIO, summary: list[dict[str, Any]], rounds: int) -> None:
@@ -80,3 +91,12 @@ def print_summary(out: TextIO, summary: list[dict[str, Any]], rounds: int) -> No
 
 if __name__ == "__main__":
     main()
+
+
+def print_ratios(out: TextIO, ratios: list[dict[str, Any]]) -> None:
+    """Each strategy's step over DDP's in the same round (sim.validate.timing.relative_to)."""
+    print("\n| strategy | world | step / DDP's, measured (range) | predicted | error of the ratio |", file=out)
+    print("| --- | --- | --- | --- | --- |", file=out)
+    for r in ratios:
+        print(f"| {r['strategy']} | {r['world']} | {r['measured_ratio']:.2f} ({r['measured_low']:.2f}-"
+              f"{r['measured_high']:.2f}) | {r['predicted_ratio']:.2f} | {100 * r['ratio_error']:+.1f}% |", file=out)

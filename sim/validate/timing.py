@@ -185,3 +185,28 @@ def summarise(rows: list[dict[str, Any]], within: float = 0.10, key: str = "adju
                     "measured_s": statistics.median(x["measured_s"] for x in g),
                     "predicted_s": statistics.median(x[PREDICTION[key]] for x in g), "within": abs(median) <= within})
     return out
+
+
+def relative_to(rows: list[dict[str, Any]], base: str = "ddp") -> list[dict[str, Any]]:
+    """Per (strategy, world) other than `base`: each round's measured step over `base`'s in
+    the same round and world, and the drift-adjusted prediction's over `base`'s, medians
+    over the rounds, with the error of the predicted ratio. Within a round the two runs are
+    minutes apart, so the machine's drift between calibration and run mostly cancels: what
+    is left is what the model charges one strategy more than another (2026-12-08, the
+    nineteenth run: FSDP2's step over DDP's measured 1.60 with 2 processes, predicted 1.30,
+    docs/validation.md)."""
+    steps = {(r.get("round", 0), r["strategy"], r["world"]): r for r in rows}
+    groups: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for (rnd, strategy, world), r in steps.items():
+        other = steps.get((rnd, base, world))
+        if strategy != base and other is not None:
+            groups.setdefault((strategy, world), []).append(
+                (r["measured_s"] / other["measured_s"], r["adjusted_s"] / other["adjusted_s"]))
+    out = []
+    for (strategy, world), pairs in groups.items():
+        measured = statistics.median(m for m, _ in pairs)
+        predicted = statistics.median(p for _, p in pairs)
+        out.append({"strategy": strategy, "world": world, "rounds": len(pairs), "measured_ratio": measured,
+                    "measured_low": min(m for m, _ in pairs), "measured_high": max(m for m, _ in pairs),
+                    "predicted_ratio": predicted, "ratio_error": predicted / measured - 1})
+    return out

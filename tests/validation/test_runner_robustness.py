@@ -180,6 +180,24 @@ def test_timing_summary_is_the_median_over_rounds_of_each_strategy():
     assert raw["median_error"] == pytest.approx(0.1) and raw["predicted_s"] == pytest.approx(1.1)
 
 
+def test_each_strategy_is_also_compared_with_ddp_in_the_same_round():
+    """The ratio to DDP's step in the same round and world, measured and predicted: a round
+    whose machine ran slow for both moves neither ratio."""
+    from sim.validate.timing import relative_to
+
+    def row(rnd, strategy, world, measured, adjusted):
+        return {"round": rnd, "strategy": strategy, "world": world, "measured_s": measured, "adjusted_s": adjusted}
+    rows = [row(0, "ddp", 2, 0.40, 0.44), row(0, "fsdp2", 2, 0.64, 0.57),
+            row(1, "ddp", 2, 0.80, 0.88), row(1, "fsdp2", 2, 1.28, 1.14),    # the same round at half the speed
+            row(2, "ddp", 2, 0.40, 0.40), row(2, "fsdp2", 2, 0.60, 0.52),
+            row(0, "fsdp2", 4, 1.3, 1.2)]                                     # no DDP run at world 4: left out
+    (fsdp2,) = relative_to(rows)
+    assert (fsdp2["strategy"], fsdp2["world"], fsdp2["rounds"]) == ("fsdp2", 2, 3)
+    assert fsdp2["measured_ratio"] == pytest.approx(1.6) and fsdp2["predicted_ratio"] == pytest.approx(0.57 / 0.44)
+    assert (fsdp2["measured_low"], fsdp2["measured_high"]) == (pytest.approx(1.5), pytest.approx(1.6))
+    assert fsdp2["ratio_error"] == pytest.approx((0.57 / 0.44) / 1.6 - 1)
+
+
 def test_the_measured_step_leaves_the_warm_up_out():
     """The simulator predicts a steady step: the first two steps (buffers built, allocator
     filled) do not count, and one slow step among the rest moves the median little."""
