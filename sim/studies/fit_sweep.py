@@ -13,10 +13,10 @@ fit left it (until 2026-12-08 any gain moved it, and a sweep of every row from t
 took FSDP2's hook cost from 300 us to its 2,000 us ceiling, the Grand Teton fabric's
 halving distance from 1,927 to its 2,000-node ceiling and the 500 W H100's
 `comm_interference` from 0.39 to its 0.4 ceiling, for 0.4% of the loss in all (0.1948 to
-0.1940): along a direction the rows hardly see, a bound won by a hair). A round visits every free parameter in the
-fit's fixed order, and the sweeps stop after `rounds` rounds or a round that lowers the
-loss by less than `SWEEP_FTOL` of it. The loss never rises, no row outside the fit's own
-scores a point, and the result is deterministic. Coordinate (compass) search:
+0.1940): along a direction the rows hardly see, a bound won by a hair). A round visits
+every free parameter in the fit's fixed order, and the sweeps stop after `rounds` rounds or
+a round that lowers the loss by less than `SWEEP_FTOL` of it. The loss never rises, no row
+outside the fit's own scores a point, and the result is deterministic. Coordinate (compass) search:
 Kolda, Lewis & Torczon, "Optimization by direct search", SIAM Review 45 (2003), Sec. 1.1.
 """
 
