@@ -9,11 +9,11 @@ needs no gradient: for one parameter at a time it tries each point of a fixed gr
 parameter's range (on the same linear or log scale the solver used), the others held, and
 keeps the point with the lowest loss on the fit's own rows, but only where it lowers the
 loss by at least `SWEEP_MOVE_GAIN` of it: a parameter the rows hardly see stays where the
-fit left it (until 2026-12-08 any gain moved it, and a sweep of every row from the catalog
-took FSDP2's hook cost from 300 us to its 2,000 us ceiling, the Grand Teton fabric's
-halving distance from 1,927 to its 2,000-node ceiling and the 500 W H100's
-`comm_interference` from 0.39 to its 0.4 ceiling, for 0.4% of the loss in all (0.1948 to
-0.1940): along a direction the rows hardly see, a bound won by a hair). A round visits
+fit left it. Until 2026-12-08 any gain moved it: a sweep of every row from the catalog took
+the Grand Teton fabric's halving distance from 1,927 to its 2,000-node ceiling and the
+500 W H100's `comm_interference` from 0.39 to its 0.4 ceiling for gains below 0.1% of the
+loss (a bound won by a hair); with the rule, the same sweep moves FSDP2's hook cost alone,
+300 us to its 2,000 us ceiling, for 0.36% (0.19481 to 0.19410). A round visits
 every free parameter in the fit's fixed order, and the sweeps stop after `rounds` rounds or
 a round that lowers the loss by less than `SWEEP_FTOL` of it. The loss never rises, no row
 outside the fit's own scores a point, and the result is deterministic. Coordinate (compass) search:
