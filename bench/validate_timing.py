@@ -89,10 +89,6 @@ def print_summary(out: TextIO, summary: list[dict[str, Any]], rounds: int) -> No
     print(f"\n{inside} of {len(summary)} strategies within 10% (median over {rounds} rounds)", file=out)
 
 
-if __name__ == "__main__":
-    main()
-
-
 def print_ratios(out: TextIO, ratios: list[dict[str, Any]]) -> None:
     """Each strategy's step over DDP's in the same round (sim.validate.timing.relative_to)."""
     print("\n| strategy | world | step / DDP's, measured (range) | predicted | error of the ratio |", file=out)
@@ -100,3 +96,7 @@ def print_ratios(out: TextIO, ratios: list[dict[str, Any]]) -> None:
     for r in ratios:
         print(f"| {r['strategy']} | {r['world']} | {r['measured_ratio']:.2f} ({r['measured_low']:.2f}-"
               f"{r['measured_high']:.2f}) | {r['predicted_ratio']:.2f} | {100 * r['ratio_error']:+.1f}% |", file=out)
+
+
+if __name__ == "__main__":
+    main()
